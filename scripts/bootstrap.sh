@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Set up .venv/ (Python 3.11) with the patched torch 2.13.0 wheel, this project,
+# pytest, expecttest and hypothesis.  Idempotent: when patches/ and
+# torch_overlay/ are what the installed torch was built from, it only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+venv=$repo/.venv
+log() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+python_bin=${PYTHON:-}
+if [ -z "$python_bin" ]; then
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+      python_bin=$(command -v "$candidate"); break
+    fi
+  done
+fi
+if [ -z "$python_bin" ]; then
+  log "Python 3.11 is required (the torch 2.13.0 wheel is cp311); set PYTHON=/path/to/python3.11"
+  exit 1
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  log "creating $venv with $python_bin"
+  "$python_bin" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
+
+want=$("$python_bin" -c 'import sys; sys.path.insert(0, sys.argv[1]); from torch_patch_stack import series; from pathlib import Path; r = Path(sys.argv[1]); print(series.stack_digest(r / "patches", r / "torch_overlay"))' "$repo")
+have=$("$venv/bin/python" scripts/patchstack.py status --json 2>/dev/null | "$python_bin" -c 'import json, sys; print(json.load(sys.stdin)["digest"])' 2>/dev/null || true)
+
+if [ "$want" != "$have" ]; then
+  log "building the patched torch wheel (patches/ + torch_overlay/ changed or not installed)"
+  wheel=$("$python_bin" scripts/patchstack.py build)
+  log "installing $(basename "$wheel")"
+  "${pip[@]}" install --no-deps --force-reinstall "$wheel"
+  "${pip[@]}" install "$wheel"  # torch's own dependencies, if missing
+else
+  log "patched torch is up to date (stack ${want:0:16})"
+fi
+
+stamp=$venv/.project-deps
+deps_digest=$(cat setup.py | sha256sum | cut -c1-16)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$deps_digest" ]; then
+  log "installing the project and test tools"
+  "${pip[@]}" install -e "$repo[test]"
+  echo "$deps_digest" > "$stamp"
+fi
+"$venv/bin/python" scripts/patchstack.py status >/dev/null || {
+  log "the installed torch does not carry the current patch stack"; exit 1; }

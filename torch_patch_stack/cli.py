@@ -1,0 +1,204 @@
+"""``python scripts/patchstack.py <command>``: the patch stack's command line.
+
+Commands (run ``--help`` on each for options):
+
+  check         patches/ is exactly what export would write, and every patch
+                applies exactly (no offset, no fuzz) to pristine torch 2.13.0
+  queue         materialize the patch queue (git, one commit per patch)
+  export        write the queue's commits back to patches/
+  build         build the patched wheel from the official wheel
+  status        which patch stack the installed torch carries
+  apply-source  commit the stack onto a PyTorch v2.13.0 git checkout
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import filecmp
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import STACK_NAME
+from . import pristine, queue, series, source, unified_diff, wheel
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Layout:
+    def __init__(self, root: Path):
+        self.root = root
+        self.patches = root / "patches"
+        self.overlay = root / "torch_overlay"
+        self.build = root / "build"
+
+    def pristine_tree(self, wheel_path: str | None) -> Path:
+        official = pristine.find_official_wheel(self.build, wheel_path)
+        version = pristine.wheel_version(official)
+        return pristine.extract_python_tree(official, self.build / f"pristine-{version}")
+
+
+def _drift_report(expected: Path, actual: Path) -> list[str]:
+    problems = []
+    expected_names = {p.name for p in expected.iterdir()}
+    actual_names = {p.name for p in actual.iterdir() if p.name == "series" or p.suffix == ".patch"}
+    for name in sorted(expected_names - actual_names):
+        problems.append(f"missing from patches/: {name}")
+    for name in sorted(actual_names - expected_names):
+        problems.append(f"not produced by export: patches/{name}")
+    for name in sorted(expected_names & actual_names):
+        if not filecmp.cmp(expected / name, actual / name, shallow=False):
+            diff = difflib.unified_diff(
+                (actual / name).read_text().splitlines(), (expected / name).read_text().splitlines(),
+                f"patches/{name}", f"exported/{name}", lineterm="", n=1,
+            )
+            problems.append(f"differs from its export: patches/{name}\n" + "\n".join(list(diff)[:20]))
+    return problems
+
+
+def cmd_check(args, layout: Layout) -> int:
+    patches = series.read_series(layout.patches)
+    source.overlay_by_patch(patches, layout.overlay)
+    pristine_tree = layout.pristine_tree(args.wheel)
+    with tempfile.TemporaryDirectory(prefix="patchstack-check-") as tmp:
+        queue_dir, exported = Path(tmp) / "queue", Path(tmp) / "exported"
+        queue.materialize(queue_dir, pristine_tree, patches)
+        queue.write_patches(exported, queue.export(queue_dir))
+        problems = _drift_report(exported, layout.patches)
+    if problems:
+        print("patchstack check: FAILED\n" + "\n".join(problems), file=sys.stderr)
+        print("Re-export from the queue: python scripts/patchstack.py queue && "
+              "python scripts/patchstack.py export", file=sys.stderr)
+        return 1
+    print(f"patchstack check: OK ({len(patches)} patches apply exactly to {pristine_tree.name}; "
+          "patches/ matches its export)")
+    return 0
+
+
+def cmd_queue(args, layout: Layout) -> int:
+    queue_dir = Path(args.dir)
+    if queue_dir.exists() and not args.force:
+        ahead = queue.git(queue_dir, "status", "--porcelain").strip()
+        exported = queue.export(queue_dir) if (queue_dir / ".git").exists() else []
+        if ahead or [p.render() for p in exported] != [p.render() for p in series.read_series(layout.patches)]:
+            print(f"{queue_dir} holds changes not exported to patches/; export them or pass --force",
+                  file=sys.stderr)
+            return 1
+    queue.materialize(queue_dir, layout.pristine_tree(args.wheel), series.read_series(layout.patches))
+    print(f"patch queue ready in {queue_dir} (branch 'queue', base tag 'pristine'); "
+          "edit with git, then: python scripts/patchstack.py export")
+    return 0
+
+
+def cmd_export(args, layout: Layout) -> int:
+    queue_dir = Path(args.dir)
+    if queue.git(queue_dir, "status", "--porcelain", "--untracked-files=no").strip():
+        print(f"{queue_dir} has uncommitted changes; commit them first", file=sys.stderr)
+        return 1
+    patches = queue.export(queue_dir)
+    queue.write_patches(layout.patches, patches)
+    print(f"exported {len(patches)} patches to {layout.patches}")
+    return 0
+
+
+def cmd_build(args, layout: Layout) -> int:
+    official = pristine.find_official_wheel(layout.build, args.wheel)
+    built = wheel.build(official, layout.patches, layout.overlay, Path(args.out))
+    print(built)
+    return 0
+
+
+def _torch_dir(python: str) -> Path | None:
+    probe = ("import importlib.util, os; s = importlib.util.find_spec('torch'); "
+             "print(os.path.dirname(s.origin) if s else '')")
+    result = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
+    location = result.stdout.strip()
+    return Path(location) if result.returncode == 0 and location else None
+
+
+def cmd_status(args, layout: Layout) -> int:
+    python = args.python or (str(layout.root / ".venv/bin/python")
+                             if (layout.root / ".venv/bin/python").exists() else sys.executable)
+    torch_dir = _torch_dir(python)
+    if torch_dir is None:
+        print(f"no torch installed for {python}; run ./scripts/bootstrap.sh")
+        return 1
+    info = wheel.installed_stack_info(torch_dir)
+    if info is None:
+        print(f"torch at {torch_dir} is stock: it carries no patch stack")
+        return 1
+    current = series.stack_digest(layout.patches, layout.overlay)
+    if args.json:
+        print(json.dumps({**info, "torch_dir": str(torch_dir), "up_to_date": info["digest"] == current}))
+    else:
+        print(f"torch {info['base_torch']} at {torch_dir}")
+        print(f"patch stack: {info['stack']}  digest {info['digest'][:16]}")
+        for patch in info["patches"]:
+            print(f"  {patch['file']}  {patch['subject']}")
+        for module in info["overlay"]:
+            print(f"  + {module}")
+        if info["digest"] == current:
+            print("up to date with patches/ and torch_overlay/")
+        else:
+            print("STALE: patches/ or torch_overlay/ changed since this build; run ./scripts/bootstrap.sh")
+    return 0 if info["stack"] == STACK_NAME and info["digest"] == current else 2
+
+
+def cmd_apply_source(args, layout: Layout) -> int:
+    subjects = source.apply_to_checkout(Path(args.checkout), layout.patches, layout.overlay)
+    print(f"committed {len(subjects)} patches onto {args.checkout}:")
+    for subject in subjects:
+        print(f"  {subject}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="patchstack", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repo", default=str(REPO_ROOT), help="repository root (default: this checkout)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    wheel_help = "official torch 2.13.0 wheel (default: $TORCH_PATCH_STACK_WHEEL, build/wheels, pip download)"
+
+    check = commands.add_parser("check", help="verify patches/ against pristine torch 2.13.0")
+    check.add_argument("--wheel", help=wheel_help)
+    check.set_defaults(run=cmd_check)
+
+    queue_cmd = commands.add_parser("queue", help="materialize the patch queue")
+    queue_cmd.add_argument("--dir", default=str(REPO_ROOT / "build/queue"))
+    queue_cmd.add_argument("--wheel", help=wheel_help)
+    queue_cmd.add_argument("--force", action="store_true", help="discard an unexported queue")
+    queue_cmd.set_defaults(run=cmd_queue)
+
+    export = commands.add_parser("export", help="write the queue back to patches/")
+    export.add_argument("--dir", default=str(REPO_ROOT / "build/queue"))
+    export.set_defaults(run=cmd_export)
+
+    build = commands.add_parser("build", help="build the patched wheel")
+    build.add_argument("--wheel", help=wheel_help)
+    build.add_argument("--out", default=str(REPO_ROOT / "build/dist"))
+    build.set_defaults(run=cmd_build)
+
+    status = commands.add_parser("status", help="show the patch stack of the installed torch")
+    status.add_argument("--python", help="interpreter to inspect (default: .venv/bin/python)")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(run=cmd_status)
+
+    apply_source = commands.add_parser("apply-source", help="commit the stack onto a PyTorch checkout")
+    apply_source.add_argument("checkout", help="PyTorch git checkout at v2.13.0, clean")
+    apply_source.set_defaults(run=cmd_apply_source)
+
+    args = parser.parse_args(argv)
+    layout = Layout(Path(args.repo).resolve())
+    try:
+        return args.run(args, layout)
+    except (pristine.BaseVersionError, series.SeriesError, unified_diff.PatchError,
+            FileNotFoundError, RuntimeError) as error:
+        print(f"patchstack {args.command}: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

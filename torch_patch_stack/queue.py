@@ -1,0 +1,96 @@
+"""The patch queue: a disposable git tree with one commit per patch.
+
+``materialize`` builds it (pristine files, tag ``pristine``, then one commit per
+patch, applied strictly); developers edit it with plain git (``commit --fixup``,
+``rebase -i --autosquash``, new commits for new patches); ``export`` writes the
+commits after ``pristine`` back to ``patches/`` deterministically.  The queue is
+never merged anywhere: like ``gbp pq`` it is rebuilt from the files at will.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from . import series as series_mod
+from . import unified_diff
+
+_GIT_IDENTITY = [
+    "-c", "user.name=patchstack", "-c", "user.email=patchstack@localhost",
+    "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false",
+]
+# Stable diff settings so that export is byte-for-byte reproducible.
+_DIFF_ARGS = [
+    "--no-color", "--no-ext-diff", "--no-renames", "--diff-algorithm=myers",
+    "-U3", "--src-prefix=a/", "--dst-prefix=b/",
+]
+
+
+def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        ["git", *_GIT_IDENTITY, *args], cwd=cwd, check=False, text=True,
+        capture_output=True, env=env,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed in {cwd}:\n{result.stderr}")
+    return result.stdout
+
+
+def apply_patch_to_tree(tree: Path, patch: series_mod.Patch) -> list[str]:
+    """Apply ``patch`` to the files under ``tree``: all files or none."""
+    updated = {}
+    for file_diff in unified_diff.parse(patch.diff):
+        target = tree / file_diff.path
+        if not target.is_file():
+            raise unified_diff.PatchError(f"{patch.file_name}: {file_diff.path} does not exist in the base")
+        try:
+            updated[target] = unified_diff.apply_exact(target.read_text(), file_diff)
+        except unified_diff.PatchError as error:
+            raise unified_diff.PatchError(f"{patch.file_name}: {error}") from None
+    for target, text in updated.items():
+        target.write_text(text)
+    return [str(path.relative_to(tree)) for path in updated]
+
+
+def materialize(dest: Path, pristine: Path, patches: list[series_mod.Patch]) -> None:
+    """Create the queue at ``dest`` (replacing any previous queue)."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(pristine, dest, ignore=shutil.ignore_patterns(".extracted-from"))
+    git(dest, "init", "-q", "-b", "queue")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "pristine torch python files (base of the series)")
+    git(dest, "tag", "pristine")
+    for patch in patches:
+        touched = apply_patch_to_tree(dest, patch)
+        git(dest, "add", "--", *touched)
+        git(dest, "commit", "-q", "-m", patch.commit_message())
+
+
+def export(queue_dir: Path) -> list[series_mod.Patch]:
+    """Read the commits after ``pristine`` as patches, with stable file names."""
+    commits = git(queue_dir, "rev-list", "--reverse", "pristine..HEAD").split()
+    patches = []
+    for index, commit in enumerate(commits, start=1):
+        message = git(queue_dir, "log", "-1", "--format=%B", commit)
+        diff = git(queue_dir, "diff", *_DIFF_ARGS, f"{commit}^", commit)
+        # Blob hashes churn whenever an earlier patch touches the same file.
+        diff = "".join(line for line in diff.splitlines(keepends=True) if not line.startswith("index "))
+        subject = message.strip().splitlines()[0]
+        patch = series_mod.patch_from_commit(series_mod.file_name_for(index, subject), message, diff)
+        patch.validate()
+        patches.append(patch)
+    return patches
+
+
+def write_patches(patch_dir: Path, patches: list[series_mod.Patch]) -> None:
+    """Replace the series in ``patch_dir`` by ``patches``."""
+    patch_dir.mkdir(parents=True, exist_ok=True)
+    keep = {patch.file_name for patch in patches}
+    for stale in patch_dir.glob("*.patch"):
+        if stale.name not in keep:
+            stale.unlink()
+    for patch in patches:
+        (patch_dir / patch.file_name).write_text(patch.render())
+    (patch_dir / "series").write_text(series_mod.render_series(patches))

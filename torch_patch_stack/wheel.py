@@ -1,0 +1,116 @@
+"""Build a patched torch wheel from the official one.
+
+The result is a real wheel whose files on disk are the patched modules: compile
+workers are fresh processes, and ``torch._inductor.codecache.torch_key()``
+hashes torch's source files into the FX graph cache key, so an import hook or a
+monkeypatch would be neither seen by workers nor reflected in cache keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import zipfile
+from pathlib import Path
+
+from . import STACK_NAME
+from . import series as series_mod
+from . import unified_diff
+from .pristine import require_base_version, wheel_version
+
+# Written into the patched wheel so that an installed build identifies itself.
+STACK_INFO_PATH = "torch/_patch_stack.json"
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+    return "sha256=" + digest.decode()
+
+
+def patched_files(
+    archive: zipfile.ZipFile, patches: list[series_mod.Patch]
+) -> dict[str, bytes]:
+    """Apply the whole series in memory; raise before anything is written."""
+    current: dict[str, str] = {}
+    names = set(archive.namelist())
+    for patch in patches:
+        for file_diff in unified_diff.parse(patch.diff):
+            if file_diff.path not in current:
+                if file_diff.path not in names:
+                    raise unified_diff.PatchError(f"{patch.file_name}: {file_diff.path} is not in the wheel")
+                current[file_diff.path] = archive.read(file_diff.path).decode()
+            try:
+                current[file_diff.path] = unified_diff.apply_exact(current[file_diff.path], file_diff)
+            except unified_diff.PatchError as error:
+                raise unified_diff.PatchError(f"{patch.file_name}: {error}") from None
+    return {path: text.encode() for path, text in current.items()}
+
+
+def stack_info(patches: list[series_mod.Patch], overlay: dict[str, bytes], digest: str, base: str) -> dict:
+    return {
+        "stack": STACK_NAME,
+        "base_torch": base,
+        "digest": digest,
+        "patches": [
+            {"file": p.file_name, "subject": p.subject, "sha256": hashlib.sha256(p.render().encode()).hexdigest()}
+            for p in patches
+        ],
+        "overlay": sorted(overlay),
+    }
+
+
+def build(
+    official_wheel: Path,
+    patch_dir: Path,
+    overlay_dir: Path,
+    out_dir: Path,
+) -> Path:
+    """Write ``out_dir/<same name as official_wheel>`` with the stack applied."""
+    base = wheel_version(official_wheel)
+    require_base_version(base, str(official_wheel))
+    patches = series_mod.read_series(patch_dir)
+    # torch_overlay/ mirrors the wheel's layout: its relative paths are wheel paths.
+    overlay = {
+        rel.as_posix(): (overlay_dir / rel).read_bytes()
+        for rel in series_mod.overlay_files(overlay_dir)
+    }
+    digest = series_mod.stack_digest(patch_dir, overlay_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / official_wheel.name
+    partial = target.with_suffix(".partial")
+    with zipfile.ZipFile(official_wheel) as source:
+        replaced = patched_files(source, patches)
+        clashes = sorted(set(overlay) & set(source.namelist()))
+        if clashes:
+            raise unified_diff.PatchError(
+                f"torch_overlay/ may only add new modules; these exist upstream: {clashes} "
+                "(change them with a patch instead)"
+            )
+        added = dict(overlay)
+        added[STACK_INFO_PATH] = (json.dumps(stack_info(patches, overlay, digest, base), indent=2) + "\n").encode()
+        record_name = next(n for n in source.namelist() if n.endswith(".dist-info/RECORD"))
+        records = []
+        with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as sink:
+            for info in source.infolist():
+                if info.filename == record_name:
+                    continue
+                data = replaced.get(info.filename)
+                if data is None:
+                    data = source.read(info)
+                sink.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=1)
+                if not info.is_dir():
+                    records.append(f"{info.filename},{_record_hash(data)},{len(data)}")
+            for name, data in sorted(added.items()):
+                sink.writestr(name, data)
+                records.append(f"{name},{_record_hash(data)},{len(data)}")
+            records.append(f"{record_name},,")
+            sink.writestr(record_name, "\n".join(records) + "\n")
+    os.replace(partial, target)
+    return target
+
+
+def installed_stack_info(torch_dir: Path) -> dict | None:
+    path = torch_dir / Path(STACK_INFO_PATH).name
+    return json.loads(path.read_text()) if path.is_file() else None
