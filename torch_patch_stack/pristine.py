@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -68,14 +69,18 @@ def extract_python_tree(wheel: Path, dest: Path) -> Path:
     """Extract the wheel's ``torch/**.py`` files into ``dest`` (cached)."""
     require_base_version(wheel_version(wheel), str(wheel))
     stamp = dest / ".extracted-from"
-    if stamp.is_file() and stamp.read_text() == wheel.name:
+    stat = wheel.resolve().stat()
+    identity = f"{wheel.resolve()} {stat.st_size} {stat.st_mtime_ns}"
+    if stamp.is_file() and stamp.read_text() == identity:
         return dest
-    dest.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
     with zipfile.ZipFile(wheel) as archive:
         for name in archive.namelist():
             if name.startswith("torch/") and name.endswith(".py"):
                 target = dest / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(archive.read(name))
-    stamp.write_text(wheel.name)
+    stamp.write_text(identity)
     return dest
