@@ -16,8 +16,9 @@ so all ranks pick the same winner.  This script
   ``torch._inductor.select_algorithm.add_feedback_saver``,
 * records the candidate each rank's autotuner selected (through the
   ``InductorChoices.override_best_choice`` hook, without changing it),
-* checks the compiled op's result against a closed-form expectation and
-  that every rank selected the same candidate (exit status 1 otherwise),
+* checks the compiled op's result exactly against the closed-form
+  expectation (every rank's input is known to every rank) and that every
+  rank selected the same candidate (exit status 1 otherwise),
 * prints, on rank 0, a table of the timings and the speedup of every
   candidate over the default.
 
@@ -43,7 +44,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch._inductor.config as inductor_config
 import torch.distributed as dist
+from torch._inductor.choices import InductorChoices
+from torch._inductor.ir import ChoiceCaller
+from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch._inductor.select_algorithm import add_feedback_saver
+from torch._inductor.virtualized import V
 
 
 funcol = torch.ops._c10d_functional
@@ -62,7 +69,7 @@ def _wait(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _all_to_all(x: torch.Tensor) -> torch.Tensor:
-    """Exchange equal contiguous shards of a 1-D tensor with every rank."""
+    """Exchange equal shards of a 1-D tensor with every rank."""
     splits = [x.numel() // _world()] * _world()
     return _wait(funcol.all_to_all_single(x, splits, splits, _group()))
 
@@ -100,7 +107,7 @@ def all_reduce_via_ag_sum(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("collective_demo::all_gather", mutates_args=())
 def all_gather_op(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(x.numel() * dist.get_world_size())
-    dist.all_gather_into_tensor(out, x)
+    dist.all_gather_single(out, x)
     return out
 
 
@@ -130,7 +137,7 @@ def all_gather_via_all_reduce(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("collective_demo::reduce_scatter", mutates_args=())
 def reduce_scatter_op(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(x.numel() // dist.get_world_size())
-    dist.reduce_scatter_tensor(out, x)
+    dist.reduce_scatter_single(out, x)
     return out
 
 
@@ -151,7 +158,7 @@ def reduce_scatter_via_all_to_all(x: torch.Tensor) -> torch.Tensor:
 def reduce_scatter_via_all_reduce(x: torch.Tensor) -> torch.Tensor:
     # Reduce everything, keep this rank's shard.
     reduced = _wait(funcol.all_reduce(x, "sum", _group()))
-    return reduced.view(_world(), -1)[dist.get_rank()].clone()
+    return reduced.view(_world(), -1)[dist.get_rank()]
 
 
 # --- all_to_all ----------------------------------------------------------------
@@ -174,9 +181,9 @@ def all_to_all_direct(x: torch.Tensor) -> torch.Tensor:
 def all_to_all_two_halves(x: torch.Tensor) -> torch.Tensor:
     # Exchange the first and the second half of every shard in two all_to_alls.
     shards = x.view(_world(), 2, -1)
-    first = _all_to_all(shards[:, 0].contiguous()).view(_world(), 1, -1)
-    second = _all_to_all(shards[:, 1].contiguous()).view(_world(), 1, -1)
-    return torch.cat([first, second], dim=1).view(-1)
+    first = _all_to_all(shards[:, 0].reshape(-1)).view(_world(), -1)
+    second = _all_to_all(shards[:, 1].reshape(-1)).view(_world(), -1)
+    return torch.stack([first, second], dim=1).view(-1)
 
 
 # --- the demo ------------------------------------------------------------------
@@ -238,12 +245,161 @@ class AutotuneRecorder(InductorChoices):
 
 def candidate_label(choice: ChoiceCaller, kind: str) -> str:
     """Short name of a candidate: the default, or its decomposition's name."""
-    if choice.gm is None:  # the op's own eager implementation
+    if choice.gm is None:  # the eager fallback: the op's own implementation
         return DEFAULT
-    name = choice.name.split(f"{kind}_", 1)[-1] if hasattr(choice, "decomposition") else choice.name
-    return name
+    decomposition = getattr(choice, "decomposition", None)
+    return decomposition.__name__.removeprefix(f"{kind}_") if decomposition else choice.name
 
 
 def make_input(numel: int, rank: int) -> torch.Tensor:
     # Small integers: every sum is exact in float32, whatever the order.
     return (torch.arange(numel) % 251 + 1000 * rank).to(torch.float32)
+
+
+@dataclass
+class Outcome:
+    kind: str
+    timings: dict[str, float]  # candidate -> ms on the slowest rank
+    winners: list[str]  # the candidate each rank selected, by rank
+
+
+def autotune(kind: str, numel: int, recorder: AutotuneRecorder) -> Outcome:
+    """Compile ``kind``'s op (autotuning it), run it, and check the result."""
+    case = CASES[kind]
+    rank, world = dist.get_rank(), dist.get_world_size()
+    register_custom_op_autotuning(case.op, configs=[CustomOpConfig(fn) for fn in case.decompositions])
+    recorder.timings.clear()
+    recorder.selected.clear()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(case.op, fullgraph=True)
+    result = compiled(make_input(numel, rank))  # compiles, autotunes, runs
+
+    if len(recorder.timings) != 1 or len(recorder.selected) != 1:
+        raise RuntimeError(
+            f"{kind}: expected one autotuning, saw {len(recorder.timings)} timing tables "
+            f"and {len(recorder.selected)} selections"
+        )
+    timings = {candidate_label(c, kind): ms for c, ms in recorder.timings[0].items()}
+    winner = candidate_label(recorder.selected[0], kind)
+
+    expected = case.expected([make_input(numel, r) for r in range(world)], rank)
+    torch.testing.assert_close(result, expected, rtol=0, atol=0, msg=lambda m: f"{kind} on rank {rank}: {m}")
+
+    winners: list = [None] * world
+    dist.all_gather_object(winners, winner)
+    return Outcome(kind, timings, winners)
+
+
+def print_report(outcomes: list[Outcome]) -> None:
+    """One table of every candidate's timing, fastest first, then the winners."""
+    header = ("op", "candidate", "slowest rank (ms)", "speedup vs default", "")
+    rows = []
+    for outcome in outcomes:
+        default_ms = outcome.timings[DEFAULT]
+        for i, (name, ms) in enumerate(sorted(outcome.timings.items(), key=lambda item: item[1])):
+            rows.append((
+                outcome.kind if i == 0 else "",
+                name,
+                f"{ms:.3f}",
+                f"{default_ms / ms:.2f}x",
+                "<- winner" if name == outcome.winners[0] else "",
+            ))
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    aligns = [str.ljust, str.ljust, str.rjust, str.rjust, str.ljust]
+
+    def line(row):
+        return "  ".join(align(cell, width) for align, cell, width in zip(aligns, row, widths)).rstrip()
+
+    print(line(header))
+    print(line(["-" * width for width in widths]))
+    for row in rows:
+        if row[0] and row is not rows[0]:
+            print()
+        print(line(row))
+    print()
+    for outcome in outcomes:
+        agreed = outcome.winners.count(outcome.winners[0])
+        print(f"{outcome.kind}: winner: {outcome.winners[0]} (agreed by {agreed}/{len(outcome.winners)} ranks)")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--numel",
+        type=int,
+        default=256 * 1024,
+        help="float32 elements in each rank's input, rounded down to a multiple of 2 x world size "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--nruns", type=int, default=20, help="timed runs per candidate (collective_benchmark_nruns; default: %(default)s)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="warmup runs per candidate (inductor_default_autotune_warmup; default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ops",
+        nargs="+",
+        choices=list(CASES),
+        default=list(CASES),
+        metavar="OP",
+        help=f"collectives to autotune (default: all of {' '.join(CASES)})",
+    )
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # A fresh cache per rank, so that every run compiles and benchmarks.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"collective-demo-rank{rank}-")
+    numel = args.numel - args.numel % (2 * world)
+    if numel <= 0:
+        raise SystemExit(f"--numel must be at least {2 * world} with {world} ranks")
+
+    def log(message: str) -> None:
+        if rank == 0:
+            print(message, flush=True)
+
+    log(
+        f"{world} ranks (gloo, CPU), {numel} float32 elements per rank, "
+        f"{args.warmup} warmup + {args.nruns} timed runs per candidate"
+    )
+    recorder = AutotuneRecorder()
+    add_feedback_saver(recorder.feedback)
+    outcomes = []
+    with V.set_choices_handler(recorder), inductor_config.patch(
+        collective_benchmark_nruns=args.nruns,
+        inductor_default_autotune_warmup=args.warmup,
+        fx_graph_cache=False,
+        autotune_local_cache=False,
+        max_autotune_report_choices_stats=False,  # a JSON line per rank on stderr
+    ):
+        for i, kind in enumerate(args.ops, 1):
+            log(f"[{i}/{len(args.ops)}] autotuning {kind} ...")
+            start = time.perf_counter()
+            outcomes.append(autotune(kind, numel, recorder))
+            log(f"[{i}/{len(args.ops)}] {kind}: compiled, autotuned and checked in {time.perf_counter() - start:.1f}s")
+
+    if rank == 0:
+        print()
+        print_report(outcomes)
+    disagree = [o.kind for o in outcomes if len(set(o.winners)) != 1]
+    not_finite = [o.kind for o in outcomes if not all(map(math.isfinite, o.timings.values()))]
+    dist.destroy_process_group()
+    if disagree or not_finite:
+        if rank == 0:
+            print(f"FAILED: ranks disagree on {disagree or 'none'}; non-finite timings in {not_finite or 'none'}",
+                  file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
