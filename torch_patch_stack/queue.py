@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from . import series as series_mod
@@ -37,20 +38,38 @@ def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
     return result.stdout
 
 
+def apply_series_in_memory(
+    patches: list[series_mod.Patch], read_original: Callable[[str], str | None]
+) -> dict[str, str]:
+    """Apply the whole series to in-memory copies of the files it touches.
+
+    ``read_original(path)`` returns a file's base text, or None when the base
+    lacks it.  Raises before the caller writes anything, so a drifted series
+    never leaves a half-patched tree.
+    """
+    current: dict[str, str] = {}
+    for patch in patches:
+        for file_diff in unified_diff.parse(patch.diff):
+            if file_diff.path not in current:
+                original = read_original(file_diff.path)
+                if original is None:
+                    raise unified_diff.PatchError(f"{patch.file_name}: {file_diff.path} is not in the base")
+                current[file_diff.path] = original
+            try:
+                current[file_diff.path] = unified_diff.apply_exact(current[file_diff.path], file_diff)
+            except unified_diff.PatchError as error:
+                raise unified_diff.PatchError(f"{patch.file_name}: {error}") from None
+    return current
+
+
 def apply_patch_to_tree(tree: Path, patch: series_mod.Patch) -> list[str]:
     """Apply ``patch`` to the files under ``tree``: all files or none."""
-    updated = {}
-    for file_diff in unified_diff.parse(patch.diff):
-        target = tree / file_diff.path
-        if not target.is_file():
-            raise unified_diff.PatchError(f"{patch.file_name}: {file_diff.path} does not exist in the base")
-        try:
-            updated[target] = unified_diff.apply_exact(target.read_text(), file_diff)
-        except unified_diff.PatchError as error:
-            raise unified_diff.PatchError(f"{patch.file_name}: {error}") from None
-    for target, text in updated.items():
-        target.write_text(text)
-    return [str(path.relative_to(tree)) for path in updated]
+    updated = apply_series_in_memory(
+        [patch], lambda path: (tree / path).read_text() if (tree / path).is_file() else None
+    )
+    for path, text in updated.items():
+        (tree / path).write_text(text)
+    return list(updated)
 
 
 def materialize(dest: Path, pristine: Path, patches: list[series_mod.Patch]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import series as series_mod
 from . import unified_diff
 from .pristine import require_base_version
-from .queue import apply_patch_to_tree, git
+from .queue import apply_patch_to_tree, apply_series_in_memory, git
 
 
 def checkout_version(checkout: Path) -> str:
@@ -64,18 +64,12 @@ def apply_to_checkout(checkout: Path, patch_dir: Path, overlay_dir: Path) -> lis
     patches = series_mod.read_series(patch_dir)
     overlay = overlay_by_patch(patches, overlay_dir)
     # Dry run in memory so that a drifted patch leaves the checkout untouched.
-    contents: dict[str, str] = {}
-    for patch in patches:
-        for file_diff in unified_diff.parse(patch.diff):
-            if file_diff.path not in contents:
-                path = checkout / file_diff.path
-                if not path.is_file():
-                    raise unified_diff.PatchError(f"{patch.file_name}: {file_diff.path} not in {checkout}")
-                contents[file_diff.path] = path.read_text()
-            contents[file_diff.path] = unified_diff.apply_exact(contents[file_diff.path], file_diff)
-        for module in overlay[patch.file_name]:
-            if (checkout / module).exists():
-                raise unified_diff.PatchError(f"{module} already exists in {checkout}")
+    apply_series_in_memory(
+        patches, lambda path: (checkout / path).read_text() if (checkout / path).is_file() else None
+    )
+    for module in (module for modules in overlay.values() for module in modules):
+        if (checkout / module).exists():
+            raise unified_diff.PatchError(f"{module} already exists in {checkout}")
     for patch in patches:
         touched = apply_patch_to_tree(checkout, patch)
         for module in overlay[patch.file_name]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from . import STACK_NAME
 from . import series as series_mod
 from . import unified_diff
+from .queue import apply_series_in_memory
 from .pristine import require_base_version, wheel_version
 
 # Written into the patched wheel so that an installed build identifies itself.
@@ -27,25 +28,6 @@ STACK_INFO_PATH = "torch/_patch_stack.json"
 def _record_hash(data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
     return "sha256=" + digest.decode()
-
-
-def patched_files(
-    archive: zipfile.ZipFile, patches: list[series_mod.Patch]
-) -> dict[str, bytes]:
-    """Apply the whole series in memory; raise before anything is written."""
-    current: dict[str, str] = {}
-    names = set(archive.namelist())
-    for patch in patches:
-        for file_diff in unified_diff.parse(patch.diff):
-            if file_diff.path not in current:
-                if file_diff.path not in names:
-                    raise unified_diff.PatchError(f"{patch.file_name}: {file_diff.path} is not in the wheel")
-                current[file_diff.path] = archive.read(file_diff.path).decode()
-            try:
-                current[file_diff.path] = unified_diff.apply_exact(current[file_diff.path], file_diff)
-            except unified_diff.PatchError as error:
-                raise unified_diff.PatchError(f"{patch.file_name}: {error}") from None
-    return {path: text.encode() for path, text in current.items()}
 
 
 def stack_info(patches: list[series_mod.Patch], overlay: dict[str, bytes], digest: str, base: str) -> dict:
@@ -81,7 +63,13 @@ def build(
     target = out_dir / official_wheel.name
     partial = target.with_suffix(".partial")
     with zipfile.ZipFile(official_wheel) as source:
-        replaced = patched_files(source, patches)
+        names = set(source.namelist())
+        replaced = {
+            path: text.encode()
+            for path, text in apply_series_in_memory(
+                patches, lambda path: source.read(path).decode() if path in names else None
+            ).items()
+        }
         clashes = sorted(set(overlay) & set(source.namelist()))
         if clashes:
             raise unified_diff.PatchError(
