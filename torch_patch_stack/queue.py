@@ -28,10 +28,9 @@ _DIFF_ARGS = [
 ]
 
 
-def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+def git(cwd: Path, *args: str) -> str:
     result = subprocess.run(
-        ["git", *_GIT_IDENTITY, *args], cwd=cwd, check=False, text=True,
-        capture_output=True, env=env,
+        ["git", *_GIT_IDENTITY, *args], cwd=cwd, check=False, text=True, capture_output=True
     )
     if result.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed in {cwd}:\n{result.stderr}")
@@ -62,11 +61,14 @@ def apply_series_in_memory(
     return current
 
 
+def tree_reader(tree: Path) -> Callable[[str], str | None]:
+    """``read_original`` for :func:`apply_series_in_memory` over a directory."""
+    return lambda path: (tree / path).read_text() if (tree / path).is_file() else None
+
+
 def apply_patch_to_tree(tree: Path, patch: series_mod.Patch) -> list[str]:
     """Apply ``patch`` to the files under ``tree``: all files or none."""
-    updated = apply_series_in_memory(
-        [patch], lambda path: (tree / path).read_text() if (tree / path).is_file() else None
-    )
+    updated = apply_series_in_memory([patch], tree_reader(tree))
     for path, text in updated.items():
         (tree / path).write_text(text)
     return list(updated)

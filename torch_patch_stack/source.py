@@ -15,7 +15,7 @@ from pathlib import Path
 from . import series as series_mod
 from . import unified_diff
 from .pristine import require_base_version
-from .queue import apply_patch_to_tree, apply_series_in_memory, git
+from .queue import apply_patch_to_tree, apply_series_in_memory, git, tree_reader
 
 
 def checkout_version(checkout: Path) -> str:
@@ -64,9 +64,7 @@ def apply_to_checkout(checkout: Path, patch_dir: Path, overlay_dir: Path) -> lis
     patches = series_mod.read_series(patch_dir)
     overlay = overlay_by_patch(patches, overlay_dir)
     # Dry run in memory so that a drifted patch leaves the checkout untouched.
-    apply_series_in_memory(
-        patches, lambda path: (checkout / path).read_text() if (checkout / path).is_file() else None
-    )
+    apply_series_in_memory(patches, tree_reader(checkout))
     for module in (module for modules in overlay.values() for module in modules):
         if (checkout / module).exists():
             raise unified_diff.PatchError(f"{module} already exists in {checkout}")
