@@ -51,6 +51,7 @@ from torch._inductor.ir import ChoiceCaller
 from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
 from torch._inductor.select_algorithm import add_feedback_saver
 from torch._inductor.virtualized import V
+from torch.distributed.distributed_c10d import _resolve_process_group
 
 
 funcol = torch.ops._c10d_functional
@@ -62,6 +63,12 @@ def _world() -> int:
 
 def _group() -> str:
     return dist.group.WORLD.group_name
+
+
+def _process_group() -> dist.ProcessGroup:
+    # Resolving the group by name, as functional collectives do, lets the
+    # autotuner benchmark the eager op on its own channel too.
+    return _resolve_process_group(_group())
 
 
 def _wait(tensor: torch.Tensor) -> torch.Tensor:
@@ -78,7 +85,7 @@ def _all_to_all(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("collective_demo::all_reduce", mutates_args=())
 def all_reduce_op(x: torch.Tensor) -> torch.Tensor:
     out = x.clone()
-    dist.all_reduce(out)
+    dist.all_reduce(out, group=_process_group())
     return out
 
 
@@ -107,7 +114,7 @@ def all_reduce_via_ag_sum(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("collective_demo::all_gather", mutates_args=())
 def all_gather_op(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(x.numel() * dist.get_world_size())
-    dist.all_gather_single(out, x)
+    dist.all_gather_single(out, x, group=_process_group())
     return out
 
 
@@ -137,7 +144,7 @@ def all_gather_via_all_reduce(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("collective_demo::reduce_scatter", mutates_args=())
 def reduce_scatter_op(x: torch.Tensor) -> torch.Tensor:
     out = x.new_empty(x.numel() // dist.get_world_size())
-    dist.reduce_scatter_single(out, x)
+    dist.reduce_scatter_single(out, x, group=_process_group())
     return out
 
 
@@ -165,7 +172,7 @@ def reduce_scatter_via_all_reduce(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("collective_demo::all_to_all", mutates_args=())
 def all_to_all_op(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty_like(x)
-    dist.all_to_all_single(out, x)
+    dist.all_to_all_single(out, x, group=_process_group())
     return out
 
 

@@ -12,6 +12,17 @@ collective kind (all_reduce, all_gather, reduce_scatter, all_to_all):
 * Every rank ran that same implementation (gathered and compared on each rank).
 * The numerical result equals the closed-form expectation on every rank.
 
+Faults, injected through the registered candidates themselves (the ``probe``
+raises, stalls, kills its process or corrupts its output on chosen ranks at a
+chosen call), per world size: an exception on one rank during warmup and
+during timed runs, an exception on every rank, a wrong result on one rank (all
+in one op, next to a healthy candidate that must win); one rank stalling once
+past the timeout, without and with a retry; every candidate failing; a rank
+killed mid-benchmark.  Each asserts on every surviving rank the winner, that
+every rank ran it, the numerical result and a generous wall-time bound that
+only a hang would break.  A 4-rank class runs two tensor-parallel groups, one
+of which starts compiling later than the timeout.
+
 The NCCL classes run the same tests when enough GPUs are present and are
 skipped otherwise.
 """
@@ -19,7 +30,9 @@ skipped otherwise.
 from __future__ import annotations
 
 import collections
+import datetime
 import os
+import signal
 import tempfile
 import time
 import unittest
@@ -28,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch._inductor.config as inductor_config
 from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.testing._internal.common_distributed import MultiProcessTestCase
 from torch.testing._internal.common_utils import run_tests
 
@@ -42,11 +56,44 @@ NWARMUP = 2
 NRUNS = 5
 ROWS = 24  # divisible by every tested world size
 COLS = 8
+# Fault tests bound every collective step by this; it is well above the skew
+# between ranks compiling the same candidates on 2 busy cores.
+FAULT_TIMEOUT_S = 10.0
+# Wall-time bound of one faulty compile: only a hang comes near it.
+HANG_BOUND_S = 240.0
+
+
+class Fault:
+    """What the probe does for one implementation on ``ranks`` at its ``call``-th run.
+
+    ``call`` counts this rank's runs of the implementation while compiling
+    (0 = every run); kinds: raise, wrong (output + 1), stall (sleep past the
+    timeout), kill (SIGKILL this process).
+    """
+
+    def __init__(self, kind: str, ranks: str | list[int], call: int = 0) -> None:
+        self.kind, self.ranks, self.call = kind, ranks, call
+
+    def fires(self, rank: int, call: int) -> bool:
+        return (self.ranks == "all" or rank in self.ranks) and self.call in (0, call)
+
+
+FAULTS: dict[str, Fault] = {}
 
 
 @torch.library.custom_op("collective_autotune_test::probe", mutates_args=())
 def probe(x: torch.Tensor, impl: str) -> torch.Tensor:
     RAN.append(impl)
+    fault = FAULTS.get(impl)
+    if fault is not None and fault.fires(dist.get_rank(), RAN.count(impl)):
+        if fault.kind == "raise":
+            raise RuntimeError(f"fault injected into {impl}")
+        if fault.kind == "wrong":
+            return x + 1
+        if fault.kind == "stall":
+            time.sleep(FAULT_TIMEOUT_S + 1)
+        if fault.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
     delay = DELAY_MS.get(impl, 0.0)
     if delay:
         time.sleep(delay / 1e3)
@@ -62,6 +109,13 @@ def _group_name() -> str:
     return dist.group.WORLD.group_name
 
 
+def _group() -> dist.ProcessGroup:
+    # The eager defaults resolve their group by name, as functional collectives
+    # do, so that autotuning benchmarks them on its own channel (see
+    # torch/_inductor/runtime/collective_benchmarking.py).
+    return _resolve_process_group(_group_name())
+
+
 def _wait(tensor: torch.Tensor) -> torch.Tensor:
     return funcol.wait_tensor(tensor)
 
@@ -75,7 +129,7 @@ def _all_to_all(x: torch.Tensor) -> torch.Tensor:
 @torch.library.custom_op("collective_autotune_test::all_reduce", mutates_args=())
 def all_reduce_op(x: torch.Tensor) -> torch.Tensor:
     out = probe(x, "default")
-    dist.all_reduce(out)
+    dist.all_reduce(out, group=_group())
     return out
 
 
@@ -99,7 +153,7 @@ def all_reduce_rs_ag(x):
 def all_gather_op(x: torch.Tensor) -> torch.Tensor:
     x = probe(x, "default")
     out = x.new_empty((x.shape[0] * dist.get_world_size(), *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x)
+    dist.all_gather_into_tensor(out, x, group=_group())
     return out
 
 
@@ -124,7 +178,7 @@ def all_gather_via_all_to_all(x):
 def reduce_scatter_op(x: torch.Tensor) -> torch.Tensor:
     x = probe(x, "default")
     out = x.new_empty((x.shape[0] // dist.get_world_size(), *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x)
+    dist.reduce_scatter_tensor(out, x, group=_group())
     return out
 
 
@@ -150,7 +204,7 @@ def reduce_scatter_via_all_to_all(x):
 def all_to_all_op(x: torch.Tensor) -> torch.Tensor:
     x = probe(x, "default")
     out = torch.empty_like(x)
-    dist.all_to_all_single(out, x)
+    dist.all_to_all_single(out, x, group=_group())
     return out
 
 
@@ -197,6 +251,44 @@ CASES = {
 }
 
 
+# --- all_reduce over a tensor-parallel group named by the caller -----------------
+@torch.library.custom_op("collective_autotune_test::tp_all_reduce", mutates_args=())
+def tp_all_reduce_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    out = probe(x, "default")
+    dist.all_reduce(out, group=_resolve_process_group(group_name))
+    return out
+
+
+@tp_all_reduce_op.register_fake
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def tp_all_reduce_direct(x, group_name):
+    return _wait(funcol.all_reduce(probe(x, "direct"), "sum", group_name))
+
+
+def tp_all_reduce_rs_ag(x, group_name):
+    size = _resolve_process_group(group_name).size()
+    shard = _wait(funcol.reduce_scatter_tensor(probe(x, "rs_ag"), "sum", size, group_name))
+    return _wait(funcol.all_gather_into_tensor(shard, size, group_name))
+
+
+def all_reduce_candidate(impl: str, probe_after: bool = False):
+    """A direct all_reduce whose probe runs before the collective, or after it.
+
+    Probing after the collective corrupts only the faulty rank's output.
+    """
+
+    def candidate(x):
+        if probe_after:
+            return probe(_wait(funcol.all_reduce(x, "sum", _group_name())), impl)
+        return _wait(funcol.all_reduce(probe(x, impl), "sum", _group_name()))
+
+    candidate.__name__ = f"all_reduce_{impl}"
+    return candidate
+
+
 class CollectiveAutotuningTestBase(MultiProcessTestCase):
     backend = "gloo"
 
@@ -212,6 +304,10 @@ class CollectiveAutotuningTestBase(MultiProcessTestCase):
 
     def setUp(self):
         super().setUp()
+        if self._testMethodName == "test_killed_rank_is_reported_by_every_healthy_rank":
+            # The killed rank's exit code is the point of the test; the healthy
+            # ranks' assertions still fail the test through their own exit codes.
+            self.skip_return_code_checks.append(getattr(type(self), self._testMethodName).__get__(self))
         self._spawn_processes()
 
     def _init_rank(self) -> torch.device:
@@ -231,12 +327,14 @@ class CollectiveAutotuningTestBase(MultiProcessTestCase):
         values = torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * rank
         return values.view(ROWS, COLS).to(device)
 
-    def _check_autotuned(self, kind: str) -> None:
-        device = self._init_rank()
-        op, decompositions, winner = CASES[kind]
+    def _autotune(self, op, decompositions, device, **config_patches):
+        """Compile ``op(x) + 1`` with ``decompositions`` registered, then run it again.
+
+        Returns what ran on this rank while compiling (a Counter), what ran in
+        the second call, its result and how long the compiling call took.
+        Faults apply to the compiling call only.
+        """
         register_custom_op_autotuning(op, configs=[CustomOpConfig(fn) for _, fn in decompositions])
-        DELAY_MS.clear()
-        DELAY_MS.update({name: SLOW_MS for name in ["default", *dict(decompositions)] if name != winner})
 
         def program(x):
             return op(x) + 1
@@ -246,13 +344,33 @@ class CollectiveAutotuningTestBase(MultiProcessTestCase):
             inductor_default_autotune_warmup=NWARMUP,
             fx_graph_cache=False,
             autotune_local_cache=False,
+            **config_patches,
         ):
             compiled = torch.compile(program)
             RAN.clear()
-            compiled(self._input(self.rank, device))  # compiles, autotunes, runs
+            start = time.monotonic()
+            try:
+                compiled(self._input(self.rank, device))  # compiles, autotunes, runs
+            finally:
+                compile_seconds = time.monotonic() - start
+                FAULTS.clear()
             ran_while_compiling = collections.Counter(RAN)
             RAN.clear()
             result = compiled(self._input(self.rank, device))
+        return ran_while_compiling, list(RAN), result, compile_seconds
+
+    def _assert_agreed_winner(self, ran_here: list[str], winner: str) -> None:
+        ran_everywhere: list = [None] * self.world_size
+        dist.all_gather_object(ran_everywhere, ran_here)
+        self.assertEqual(ran_here, [winner], f"rank {self.rank} ran {ran_here}, expected [{winner!r}]")
+        self.assertEqual(ran_everywhere, [[winner]] * self.world_size)
+
+    def _check_autotuned(self, kind: str) -> None:
+        device = self._init_rank()
+        op, decompositions, winner = CASES[kind]
+        DELAY_MS.clear()
+        DELAY_MS.update({name: SLOW_MS for name in ["default", *dict(decompositions)] if name != winner})
+        ran_while_compiling, ran_here, result, _ = self._autotune(op, decompositions, device)
 
         # Lock-step: every candidate ran warmup + timed runs on this rank (the
         # winner once more, as the first call's result); checked on every rank.
@@ -260,14 +378,40 @@ class CollectiveAutotuningTestBase(MultiProcessTestCase):
             dict(ran_while_compiling),
             {name: NWARMUP + NRUNS + (name == winner) for name in ["default", *dict(decompositions)]},
         )
-        ran_here = list(RAN)
-        ran_everywhere: list = [None] * self.world_size
-        dist.all_gather_object(ran_everywhere, ran_here)
-        self.assertEqual(ran_here, [winner], f"rank {self.rank} ran {ran_here}, expected [{winner!r}]")
-        self.assertEqual(ran_everywhere, [[winner]] * self.world_size)
+        self._assert_agreed_winner(ran_here, winner)
         inputs = [self._input(r, device) for r in range(self.world_size)]
         torch.testing.assert_close(result, _expected(kind, inputs, self.rank) + 1, rtol=0, atol=0)
         dist.destroy_process_group()
+
+    def _check_faulty(self, faults: dict[str, Fault], fast: list[str], winner: str, **config_patches):
+        """Autotune all_reduce among faulty candidates and healthy ones; ``winner`` must win.
+
+        Candidates in ``fast`` (the faulty ones, typically) have no delay, so
+        they would win if a fault went unnoticed; the winner is slowed a
+        little and every other candidate a lot.
+        """
+        device = self._init_rank()
+        names = [name for name in faults if name != "default"]
+        names += [name for name in ("good",) if name not in names]
+        decompositions = [(name, all_reduce_candidate(name, faults.get(name, Fault("", [])).kind == "wrong")) for name in names]
+        DELAY_MS.clear()
+        DELAY_MS.update({name: SLOW_MS for name in ["default", *names] if name not in fast})
+        DELAY_MS[winner] = SLOW_MS / 5
+        FAULTS.clear()
+        FAULTS.update(faults)
+        ran_while_compiling, ran_here, result, seconds = self._autotune(
+            all_reduce_op,
+            decompositions,
+            device,
+            collective_benchmark_timeout=FAULT_TIMEOUT_S,
+            **config_patches,
+        )
+        self.assertLess(seconds, HANG_BOUND_S)
+        self._assert_agreed_winner(ran_here, winner)
+        inputs = [self._input(r, device) for r in range(self.world_size)]
+        torch.testing.assert_close(result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0)
+        dist.destroy_process_group()
+        return ran_while_compiling
 
     def test_all_reduce(self):
         self._check_autotuned("all_reduce")
@@ -280,6 +424,114 @@ class CollectiveAutotuningTestBase(MultiProcessTestCase):
 
     def test_all_to_all(self):
         self._check_autotuned("all_to_all")
+
+    def test_faulty_candidates_are_disqualified_and_the_rest_compete(self):
+        last = self.world_size - 1
+        faults = {
+            "raises_in_warmup": Fault("raise", [last], call=1),
+            "raises_in_timed_runs": Fault("raise", [0], call=NWARMUP + 2),
+            "raises_everywhere": Fault("raise", "all", call=1),
+            "wrong_on_one_rank": Fault("wrong", [1]),
+        }
+        ran = self._check_faulty(faults, fast=list(faults), winner="good")
+        # Every rank left each faulty round where the fault struck, together:
+        # a peer's collective fails as soon as the faulty rank leaves.
+        self.assertEqual(ran["raises_in_warmup"], 1)
+        self.assertEqual(ran["raises_everywhere"], 1)
+        self.assertEqual(ran["raises_in_timed_runs"], NWARMUP + 2)
+        self.assertEqual(ran["wrong_on_one_rank"], NWARMUP)  # screened out before timing, on every rank
+        self.assertEqual(ran["good"], NWARMUP + NRUNS + 1)
+
+    def test_stall_past_timeout_disqualifies_candidate(self):
+        faults = {"stalls": Fault("stall", [self.world_size - 1], call=NWARMUP + 2)}
+        self._check_faulty(faults, fast=["stalls"], winner="good")
+
+    def test_stall_past_timeout_is_retried(self):
+        faults = {"stalls": Fault("stall", [self.world_size - 1], call=NWARMUP + 2)}
+        ran = self._check_faulty(faults, fast=["stalls"], winner="stalls", collective_benchmark_retries=1)
+        self.assertGreater(ran["stalls"], NWARMUP + NRUNS + 1)  # a second round ran
+
+    def test_every_candidate_failing_falls_back_to_default(self):
+        faults = {name: Fault("raise", [0], call=1) for name in ("default", "first", "good")}
+        self._check_faulty(faults, fast=["first", "good"], winner="default")
+
+    def test_killed_rank_is_reported_by_every_healthy_rank(self):
+        device = self._init_rank()
+        last = self.world_size - 1
+        FAULTS["doomed"] = Fault("kill", [last], call=NWARMUP + 1)
+        register_custom_op_autotuning(
+            all_reduce_op, configs=[CustomOpConfig(all_reduce_candidate("doomed")), CustomOpConfig(all_reduce_direct)]
+        )
+        with inductor_config.patch(
+            collective_benchmark_nruns=NRUNS,
+            inductor_default_autotune_warmup=NWARMUP,
+            collective_benchmark_timeout=FAULT_TIMEOUT_S,
+            fx_graph_cache=False,
+            autotune_local_cache=False,
+        ):
+            compiled = torch.compile(lambda x: all_reduce_op(x) + 1)
+            start = time.monotonic()
+            with self.assertRaisesRegex(Exception, rf"ranks \[{last}\] .*did not reach failure agreement"):
+                compiled(self._input(self.rank, device))
+        # Reported within the timeout plus slack, not after the group's own
+        # (30 minute) timeout; the bound is generous for 2 busy cores.
+        self.assertLess(time.monotonic() - start, HANG_BOUND_S)
+
+
+class CollectiveAutotuningGroupsTest(MultiProcessTestCase):
+    """Two tensor-parallel groups of 2 in a world of 4, tuning independently.
+
+    Group {2, 3} starts compiling two timeouts after group {0, 1}: a protocol
+    that synchronized over the world (as upstream's did) would time out.
+    Each group has its own expected winner, so a group cannot borrow the
+    other's decision.
+    """
+
+    TIMEOUT_S = 5.0
+    WINNERS = {0: "direct", 1: "rs_ag"}  # by group index
+
+    @property
+    def world_size(self) -> int:
+        return 4
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_groups_tune_independently(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor-rank{self.rank}-")
+        groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        index = self.rank // 2
+        group = groups[index]
+        winner = self.WINNERS[index]
+        DELAY_MS.clear()
+        DELAY_MS.update({name: SLOW_MS for name in ("default", "direct", "rs_ag") if name != winner})
+        register_custom_op_autotuning(
+            tp_all_reduce_op,
+            configs=[CustomOpConfig(tp_all_reduce_direct), CustomOpConfig(tp_all_reduce_rs_ag)],
+        )
+        x = torch.full((ROWS, COLS), float(self.rank + 1))
+        if index == 1:
+            time.sleep(2 * self.TIMEOUT_S)
+        with inductor_config.patch(
+            collective_benchmark_nruns=NRUNS,
+            inductor_default_autotune_warmup=NWARMUP,
+            collective_benchmark_timeout=self.TIMEOUT_S,
+            fx_graph_cache=False,
+            autotune_local_cache=False,
+        ):
+            compiled = torch.compile(lambda x: tp_all_reduce_op(x, group.group_name) + 1)
+            compiled(x)
+            RAN.clear()
+            result = compiled(x)
+        ran_everywhere: list = [None] * self.world_size
+        dist.all_gather_object(ran_everywhere, list(RAN))
+        self.assertEqual(ran_everywhere, [[self.WINNERS[r // 2]] for r in range(self.world_size)])
+        members = (0, 1) if index == 0 else (2, 3)
+        torch.testing.assert_close(result, torch.full((ROWS, COLS), float(sum(r + 1 for r in members) + 1)))
+        dist.destroy_process_group()
 
 
 class TestCollectiveAutotuning2RanksGloo(CollectiveAutotuningTestBase):
@@ -307,6 +559,48 @@ class TestCollectiveAutotuning3RanksNCCL(CollectiveAutotuningTestBase):
 class TestCollectiveAutotuning4RanksNCCL(CollectiveAutotuningTestBase):
     WORLD_SIZE = 4
     backend = "nccl"
+
+
+class CollectiveBenchmarkerMisuseTest(MultiProcessTestCase):
+    """Ranks that do not run the same session get a clear error, on every rank, within the timeout."""
+
+    TIMEOUT = datetime.timedelta(seconds=3)
+
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def _benchmarker(self):
+        from torch._inductor.runtime.collective_benchmarking import CollectiveBenchmarkConfig, CollectiveBenchmarker
+
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+        return CollectiveBenchmarker(None, CollectiveBenchmarkConfig(timeout=self.TIMEOUT, nwarmup=1, nruns=1))
+
+    def test_ranks_tuning_different_ops_fail_together(self):
+        from torch._inductor.runtime.collective_benchmarking import Candidate, CollectiveBenchmarkError
+
+        benchmarker = self._benchmarker()
+        candidate = Candidate("c", lambda: _wait(funcol.all_reduce(torch.ones(2), "sum", _group_name())))
+        with self.assertRaisesRegex(CollectiveBenchmarkError, "not tuning the same op"):
+            benchmarker.run([candidate], key=f"op shapes on rank {self.rank}")
+        dist.destroy_process_group()
+
+    def test_rank_that_never_joins_is_named(self):
+        from torch._inductor.runtime.collective_benchmarking import Candidate, CollectiveBenchmarkError
+
+        benchmarker = self._benchmarker()
+        if self.rank == 1:
+            time.sleep(2 * self.TIMEOUT.total_seconds())  # "compiling something else" past the timeout
+            return
+        start = time.monotonic()
+        with self.assertRaisesRegex(CollectiveBenchmarkError, r"ranks \[1\] of group .* did not reach the start"):
+            benchmarker.run([Candidate("c", lambda: torch.ones(1))], key="op")
+        self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 
 
 del CollectiveAutotuningTestBase  # a base, not a test class of its own

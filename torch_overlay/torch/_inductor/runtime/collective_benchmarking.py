@@ -5,49 +5,111 @@ Why this module exists
 Inductor can autotune a custom op among several user-registered implementations
 (``register_custom_op_autotuning``).  When those implementations contain
 collectives (all_reduce, all_gather, reduce_scatter, all_to_all), benchmarking
-them is a distributed protocol: every rank of the group must run each candidate
-the same number of times, in the same order, and leave with the same timings,
-or the ranks pick different winners and the compiled program issues mismatched
-collectives (a hang, or silently wrong results).
+them is a distributed protocol: every rank of the op's process group must run
+each candidate the same number of times, in the same order, leave with the same
+timings and pick the same winner.  Ranks that disagree compile programs that
+issue different collectives: a hang, or silently wrong results.  The governing
+rule is the one Dynamo's compiler collectives follow: a compile-time decision
+that changes which collectives run is taken collectively, never by one rank.
 
 History
 -------
-The first version lived in ``select_algorithm.py`` and was CUDA-only: it timed
-with ``torch.cuda.Event``, built its reduction tensor on ``cuda:{rank}`` (wrong
-whenever the local device index is not the global rank) and averaged per-rank
-means.  On CPU/gloo every candidate failed with "Torch not compiled with CUDA
-enabled", so the autotuner always fell back to the eager op.
+The first version lived in ``select_algorithm.py``.  It was CUDA-only (CUDA
+events, a reduction tensor on ``cuda:{rank}``), used the default process group
+whatever group the op ran on, averaged per-rank means, and on any failure made
+the failing rank alone stop benchmarking and fall back, while its peers waited
+for it in a collective.  On CPU/gloo every candidate failed and nothing was
+tuned.
 
-Design
-------
-* Timing uses the clock of the device the candidate's inputs live on: host
-  timers for CPU (the collectives of a CPU candidate complete before it
-  returns), device events for accelerators that expose ``Event`` and
-  ``synchronize`` through ``torch.get_device_module`` (CUDA, XPU).
-* Every rank runs warmup and timed runs in lock-step, separated by barriers.
-* The per-rank statistic is the median of the timed runs (robust to the
-  occasional scheduler hiccup); the value every rank uses is the slowest
-  rank's median (MAX reduction), because a collective finishes when its
-  slowest participant does.  The reduction returns the same value on every
-  rank, so every rank ranks the candidates identically.
-* Candidates run with the Python dispatcher disabled.  Inductor lowers graphs
-  under ``enable_python_dispatcher()``, and that thread-local state leaks into
-  autotuning.  Under the Python dispatcher an op called from Python re-enters
-  Python and runs its kernel *with the GIL held*; ``_c10d_functional.wait_tensor``
-  then blocks in ``c10d::Work::wait`` holding the GIL.  Meanwhile the gloo
-  worker thread that completes the collective can drop the last reference to a
-  tensor whose ``PyObject`` is owned by C++ (tensors that crossed into Python
-  through the dispatcher are), and that decref needs the GIL.  The worker
-  blocks, the collective never completes on this rank, and its peers wait for
-  it forever.  Compiled candidates are ordinary compiled code and need none of
-  the lowering-time dispatch state, so disabling it is both correct and scoped.
+The protocol
+------------
+:class:`CollectiveBenchmarker` runs one *session* per op over the op's group:
+
+1. **Join.**  Every rank compiles the candidates (local work whose duration
+   differs between ranks), then posts a key describing the op and its
+   candidates in the control store and waits, bounded by the timeout, for
+   every member.  A missing rank or a different key is an error on every rank
+   that joined.
+2. **Rounds.**  Candidates are benchmarked one round each, the default first,
+   then in registration order.  In a round a rank runs the warmup (its first
+   output is screened against the default's output on the same inputs), then
+   all ranks all-reduce the worst warmup status (this replaces the barrier
+   before the timed runs), run the timed runs unless a rank failed, and
+   all-gather ``[status, median]``: the status travels with the timing, so the
+   happy path needs no other collective.  A round costs two collectives and
+   the session one more at the end (a commit), against three per candidate in
+   the first version.
+3. **Failures.**  Any exception or timeout on a rank ends its round: it tears
+   down the benchmark channel (below), which makes the peers' pending
+   collectives fail at once instead of at their timeout, and reports
+   ``(round, status)`` in the control store.  Every rank then waits, bounded
+   by the timeout, for every member's report and applies the same rule to the
+   same reports: the earliest reported round takes the worst status reported
+   for it (a rank already past it only saw it succeed); that candidate is
+   retried when the cause was a timeout and retries remain, or disqualified
+   otherwise; rounds after it are run again.  A member that does not report
+   is lost: every healthy rank raises :class:`CollectiveBenchmarkError`
+   naming it.
+4. **Decision.**  A candidate qualifies when every rank ran it without error
+   and with a correct result.  Its time is the slowest rank's median (a
+   collective completes when its slowest participant does).  Among the
+   qualified, candidates within ``tie_tolerance`` of the fastest are tied and
+   the first of them in preference order wins, so a near-tie cannot flip
+   between compiles.  When nothing qualifies every rank uses the default.
+
+Channels and why a timed-out channel is never reused
+----------------------------------------------------
+Candidates run on a *benchmark channel*: a private process group over the same
+ranks, built on a fresh prefix of the default store and registered under the
+op group's name for the duration of a round, so that the candidates'
+functional collectives (which name their group) run on it.  The user's group
+is never used while a candidate can fail.  This matters because neither
+backend can take part in another collective after one did not complete:
+
+* gloo: a rank that times out closes its connections to the late peer (the
+  late peer then fails with "Connection closed by peer"), and a rank that
+  skipped a collective leaves its peers' tags out of step; the channel is dead
+  either way.  Dropping a gloo group closes its sockets, which is how a failing
+  rank wakes its peers within milliseconds.
+* NCCL: a collective that does not complete leaves a kernel spinning on the
+  device; the communicator must be aborted (``ncclCommAbort``) and rebuilt.
+  Device work is waited for by polling events against the deadline, so the
+  host never blocks in ``synchronize`` on a wedged kernel.  The channel's own
+  timeout is twice the benchmark timeout so that this module aborts first and
+  the NCCL watchdog does not tear the process down.
+
+Agreement after a failure therefore goes over the control store (the
+``TCPStore`` the job was initialized with), which does not depend on any
+collective channel; a new channel is built once every member has reported.
+
+Collectives an implementation issues through a ``ProcessGroup`` object it
+captured (rather than through a group name) run on that group, not on the
+benchmark channel.  The eager default of a custom op often does this; it is
+benchmarked first, while nothing has failed.
+
+The dispatcher
+--------------
+Candidates run with the Python dispatcher disabled.  Inductor lowers graphs
+under ``enable_python_dispatcher()``, and that thread-local state leaks into
+autotuning.  Under the Python dispatcher ``_c10d_functional.wait_tensor`` runs
+its kernel from Python with the GIL held and blocks in ``c10d::Work::wait``,
+while the gloo worker thread that completes the collective needs the GIL to
+drop a tensor whose ``PyObject`` is owned by C++: the rank stops progressing and
+its peers wait forever.  Compiled candidates need none of the lowering-time
+dispatch state, so disabling it is both correct and scoped.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import hashlib
+import logging
+import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -57,19 +119,220 @@ from torch._dispatch.python import no_python_dispatcher
 
 
 __all__ = [
+    "Candidate",
+    "CandidateResult",
+    "CandidateStatus",
+    "CollectiveBenchmarkConfig",
+    "CollectiveBenchmarkError",
     "CollectiveBenchmarkTimeout",
-    "benchmark_collective",
+    "CollectiveBenchmarker",
+    "CollectiveDecision",
+    "RankReport",
+    "SCREENING_TOLERANCES",
+    "benchmark_collective_choices",
+    "collective_group_name",
     "device_of",
-    "reduce_max_across_ranks",
+    "pick_winner",
+    "select_winner",
     "sync_with_timeout",
     "time_runs",
+    "try_collective_benchmark_with_timeout",
 ]
 
+log = logging.getLogger(__name__)
+decision_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
-class CollectiveBenchmarkTimeout(TimeoutError):
-    """A collective step of the benchmark did not complete within the timeout."""
+# Keys of every session live under this prefix of the default store.
+_STORE_PREFIX = "collective_benchmarking"
 
 
+class CollectiveBenchmarkError(RuntimeError):
+    """Benchmarking cannot reach a decision every rank shares.
+
+    Raised on every healthy rank of the group, at the same protocol step, when
+    a member is lost (killed, hung, or more than a timeout late) or when the
+    members are not tuning the same op.
+    """
+
+
+class CollectiveBenchmarkTimeout(CollectiveBenchmarkError, TimeoutError):
+    """A collective step did not complete within the timeout."""
+
+
+class CandidateStatus(enum.IntEnum):
+    """Outcome of one candidate on one rank; a larger value is a worse outcome.
+
+    The worst status over the ranks is the candidate's status, so the order
+    matters: a rank that only saw the channel fail under it reports
+    ``PEER_FAILED`` and the rank that caused it reports the cause.
+    """
+
+    OK = 0
+    PEER_FAILED = 1  # a collective failed because another rank left the round
+    TIMED_OUT = 2  # a collective step did not complete within the timeout
+    WRONG_RESULT = 3  # output differs from the default's beyond tolerance
+    RAISED = 4  # the candidate raised on this rank
+
+    @property
+    def retryable(self) -> bool:
+        return self in (CandidateStatus.PEER_FAILED, CandidateStatus.TIMED_OUT)
+
+
+# Screening tolerances (rtol, atol) per output dtype.  Candidates legitimately
+# reduce in a different order than the default (a ring all_reduce against
+# reduce_scatter + all_gather), so floating types allow a few ulps per rank on
+# top of torch.testing's defaults; integer and bool outputs must match exactly.
+SCREENING_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float8_e4m3fn: (1.25e-1, 1e-1),
+    torch.float8_e5m2: (2.5e-1, 1e-1),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveBenchmarkConfig:
+    """How a session benchmarks; every rank of the group must use equal values."""
+
+    timeout: timedelta = timedelta(seconds=30)
+    """Bound of every collective step and of every wait in the control store."""
+
+    nwarmup: int = 5
+    """Untimed runs per candidate (at least one: its output is screened)."""
+
+    nruns: int = 50
+    """Timed runs per candidate; the per-rank statistic is their median."""
+
+    retries: int = 0
+    """How many times a candidate whose round timed out is run again."""
+
+    tie_tolerance: float = 0.02
+    """Relative gap to the fastest within which candidates count as tied."""
+
+    screen: bool = True
+    """Compare each candidate's first output with the default's."""
+
+    def __post_init__(self) -> None:
+        if self.nruns < 1:
+            raise ValueError(f"nruns must be >= 1, got {self.nruns}")
+        if self.nwarmup < 0 or self.retries < 0 or self.tie_tolerance < 0:
+            raise ValueError(f"nwarmup, retries and tie_tolerance must be >= 0: {self}")
+        if self.timeout <= timedelta(0):
+            raise ValueError(f"timeout must be positive, got {self.timeout}")
+
+    @classmethod
+    def from_inductor_config(cls) -> CollectiveBenchmarkConfig:
+        """The values set in ``torch._inductor.config``."""
+        from torch._inductor import config
+
+        return cls(
+            timeout=timedelta(seconds=config.collective_benchmark_timeout),
+            nwarmup=config.inductor_default_autotune_warmup,
+            nruns=config.collective_benchmark_nruns,
+            retries=config.collective_benchmark_retries,
+            tie_tolerance=config.collective_benchmark_tie_tolerance,
+            screen=config.collective_benchmark_screen_results,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One implementation to benchmark.
+
+    ``fn`` runs the implementation once on fixed inputs and returns its output
+    (a tensor, or a sequence whose first tensor is the output).  ``prepare``
+    does the candidate's local one-time work (compilation) and runs on every
+    rank before the ranks join, so that its duration, which differs between
+    ranks, is not charged to a bounded collective step.
+    """
+
+    name: str
+    fn: Callable[[], Any]
+    is_default: bool = False
+    prepare: Callable[[], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RankReport:
+    """What one rank reported for one candidate (``median_ms`` is nan when not timed)."""
+
+    status: CandidateStatus
+    median_ms: float = math.nan
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateResult:
+    """The agreed outcome of one candidate: identical on every rank."""
+
+    name: str
+    reports: tuple[RankReport, ...]
+    attempts: int = 1
+    stage: str = ""  # where the worst status arose, for the log
+
+    @property
+    def status(self) -> CandidateStatus:
+        return max(report.status for report in self.reports)
+
+    @property
+    def time_ms(self) -> float:
+        """The slowest rank's median, or inf when the candidate is disqualified."""
+        if self.status is not CandidateStatus.OK:
+            return math.inf
+        return max(report.median_ms for report in self.reports)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveDecision:
+    """The outcome of a session, identical on every rank of the group."""
+
+    group_name: str
+    results: tuple[CandidateResult, ...]
+    winner: str | None
+    reason: str
+
+    def time_ms(self, name: str) -> float:
+        return next(result.time_ms for result in self.results if result.name == name)
+
+
+# --- the decision rule --------------------------------------------------------
+def pick_winner(times_ms: Sequence[float], tie_tolerance: float) -> int | None:
+    """Index of the winner among ``times_ms``, listed in preference order.
+
+    Disqualified candidates have an infinite time.  Every candidate within
+    ``tie_tolerance`` (relative) of the fastest is tied with it, and the first
+    tied candidate wins: the result depends only on the agreed times and the
+    order, never on noise below the tolerance.  ``None`` when all are infinite.
+    """
+    qualified = [i for i, t in enumerate(times_ms) if math.isfinite(t)]
+    if not qualified:
+        return None
+    fastest = min(times_ms[i] for i in qualified)
+    return next(i for i in qualified if times_ms[i] <= fastest * (1.0 + tie_tolerance))
+
+
+def _is_default_choice(choice: Any) -> bool:
+    # The op's own eager implementation is the choice without a subgraph.
+    return getattr(choice, "gm", None) is None
+
+
+def _preference_order(choices: Sequence[Any]) -> list[Any]:
+    return sorted(choices, key=lambda choice: not _is_default_choice(choice))
+
+
+def select_winner(timings: Mapping[Any, float], choices: Sequence[Any], tie_tolerance: float) -> Any | None:
+    """The winning choice given agreed ``timings``: the default first, then ``choices`` order.
+
+    A pure function of its arguments; ranks that agree on the timings pick the
+    same choice.  ``None`` when no choice has a finite time.
+    """
+    ordered = [choice for choice in _preference_order(choices) if choice in timings]
+    index = pick_winner([timings[choice] for choice in ordered], tie_tolerance)
+    return None if index is None else ordered[index]
+
+
+# --- helpers ------------------------------------------------------------------
 def device_of(tensors: Any) -> torch.device:
     """The device of the first tensor in ``tensors`` (CPU when there is none).
 
@@ -82,38 +345,43 @@ def device_of(tensors: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _reduction_device(device: torch.device, group: dist.ProcessGroup | None) -> torch.device:
-    # gloo reduces host tensors; device backends (NCCL, XCCL) reduce on the device.
-    if device.type == "cpu" or dist.get_backend(group) == "gloo":
-        return torch.device("cpu")
-    return device
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        return next((item for item in value if isinstance(item, torch.Tensor)), None)
+    return None
 
 
-def _wait(work: dist.Work, timeout: timedelta, what: str) -> None:
-    try:
-        completed = work.wait(timeout)
-    except RuntimeError as error:  # gloo reports a timed-out wait by raising
-        raise CollectiveBenchmarkTimeout(f"{what} did not complete within {timeout}: {error}") from error
-    if completed is False:
-        raise CollectiveBenchmarkTimeout(f"{what} did not complete within {timeout}")
+def _matches(output: torch.Tensor | None, reference: torch.Tensor | None) -> bool:
+    if reference is None:
+        return True  # the default did not produce a reference: nothing to screen against
+    if output is None or output.shape != reference.shape or output.dtype != reference.dtype:
+        return False
+    rtol, atol = SCREENING_TOLERANCES.get(reference.dtype, (0.0, 0.0))
+    return torch.allclose(output, reference, rtol=rtol, atol=atol, equal_nan=True)
 
 
-def sync_with_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> None:
-    """Barrier over ``group`` bounded by ``timeout``.
+def _wait_device(device: torch.device, deadline: float) -> None:
+    # Poll an event instead of synchronize(): a wedged collective kernel must
+    # not block the host past the deadline.
+    if device.type == "cpu":
+        return
+    event = torch.get_device_module(device).Event()
+    event.record()
+    while not event.query():
+        if time.monotonic() > deadline:
+            raise CollectiveBenchmarkTimeout(f"device work on {device} did not complete in time")
+        time.sleep(1e-4)
 
-    Every rank of ``group`` must call it.  Returns once all ranks arrived;
-    raises :class:`CollectiveBenchmarkTimeout` when they did not within
-    ``timeout``.
-    """
-    _wait(dist.barrier(group=group, async_op=True), timeout, "barrier before benchmarking")
 
+def time_runs(fn: Callable[[], Any], nruns: int, device: torch.device, deadline: float = math.inf) -> list[float]:
+    """Run ``fn`` ``nruns`` times on the calling rank; each run's time in milliseconds.
 
-def time_runs(fn: Callable[[], Any], nruns: int, device: torch.device) -> list[float]:
-    """Run ``fn`` ``nruns`` times and return each run's time in milliseconds.
-
-    Host timers on CPU; device events (with a synchronize before the first
-    run) on accelerators.  Runs on the calling rank only: collectives inside
-    ``fn`` are what keeps ranks in step.
+    Host timers on CPU (a CPU candidate's collectives complete before it
+    returns), device events elsewhere.  Raises
+    :class:`CollectiveBenchmarkTimeout` when device work is still pending at
+    ``deadline`` (a ``time.monotonic()`` value).
     """
     if device.type == "cpu":
         times = []
@@ -123,62 +391,523 @@ def time_runs(fn: Callable[[], Any], nruns: int, device: torch.device) -> list[f
             times.append((time.perf_counter() - start) * 1e3)
         return times
     module = torch.get_device_module(device)
-    module.synchronize(device)
-    events = [
-        (module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in range(nruns)
-    ]
+    _wait_device(device, deadline)
+    events = [(module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in range(nruns)]
     for start, end in events:
         start.record()
         fn()
         end.record()
-    module.synchronize(device)
+    _wait_device(device, deadline)
     return [start.elapsed_time(end) for start, end in events]
 
 
-def reduce_max_across_ranks(
-    value: float,
-    group: dist.ProcessGroup | None,
-    device: torch.device,
-    timeout: timedelta,
-) -> float:
-    """MAX of ``value`` over ``group``, identical on every rank.
+def _classify(error: BaseException) -> CandidateStatus:
+    # Backends report a timed-out collective with their own error types and
+    # messages; gloo says "Timed out waiting ...", NCCL "... timed out".
+    message = str(error).lower()
+    if isinstance(error, TimeoutError) or "timed out" in message:
+        return CandidateStatus.TIMED_OUT
+    if isinstance(error, dist.DistError) or "connection closed" in message or "connection reset" in message:
+        return CandidateStatus.PEER_FAILED
+    return CandidateStatus.RAISED
 
-    Every rank of ``group`` must call it.  Raises
-    :class:`CollectiveBenchmarkTimeout` when the reduction does not complete
-    within ``timeout``.
-    """
-    tensor = torch.tensor([value], dtype=torch.float64, device=_reduction_device(device, group))
-    _wait(
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True),
-        timeout,
-        "reduction of benchmark timings",
+
+class _RoundFailed(Exception):
+    def __init__(self, status: CandidateStatus, stage: str, error: BaseException | None = None) -> None:
+        super().__init__(f"{status.name} during {stage}: {error!r}")
+        self.status = status
+        self.stage = stage
+        self.error = error
+
+
+# --- the control store --------------------------------------------------------
+class _ControlStore:
+    """Bounded rendezvous over the default store, which survives a dead channel."""
+
+    def __init__(self, prefix: str, group: dist.ProcessGroup, timeout: timedelta) -> None:
+        self.store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
+        self.rank = group.rank()
+        self.size = group.size()
+        self.global_ranks = dist.get_process_group_ranks(group)
+        self.group_name = group.group_name
+        self.timeout = timeout
+
+    def rendezvous(self, tag: str, value: str, what: str) -> list[str]:
+        """Post ``value`` under ``tag`` and return every member's value, in rank order.
+
+        Raises :class:`CollectiveBenchmarkError` naming the members that did
+        not post within the timeout; a member arriving after a peer gave up
+        finds the peer's verdict and raises the same error at once.
+        """
+        self.store.set(f"{tag}/{self.rank}", value)
+        keys = [f"{tag}/{rank}" for rank in range(self.size)]
+        try:
+            self.store.wait(keys, self.timeout)
+        except Exception:  # the store reports a timed-out wait with its own error types
+            missing = [self.global_ranks[rank] for rank, key in enumerate(keys) if not self.store.check([key])]
+            if missing:
+                self.store.set(f"{tag}/abandoned", ",".join(map(str, missing)))
+                raise CollectiveBenchmarkError(
+                    f"collective autotuning: ranks {missing} of group {self.group_name!r} did not reach "
+                    f"{what} within {self.timeout.total_seconds():g}s (collective_benchmark_timeout); "
+                    "they are hung, dead, or compiling a different program"
+                ) from None
+        if self.store.check([f"{tag}/abandoned"]):
+            missing = self.store.get(f"{tag}/abandoned").decode()
+            raise CollectiveBenchmarkError(
+                f"collective autotuning: ranks [{missing}] of group {self.group_name!r} did not reach "
+                f"{what} in time for a peer, which gave up"
+            )
+        return [self.store.get(key).decode() for key in keys]
+
+
+# --- benchmark channels -------------------------------------------------------
+def _build_channel(group: dist.ProcessGroup, prefix: str, timeout: timedelta) -> dist.ProcessGroup:
+    store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
+    rank, size = group.rank(), group.size()
+    channel = dist.ProcessGroup(store, rank, size)
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = 2 * timeout  # this module aborts first; see the module docstring
+        impl = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", store), rank, size, options)
+        device, backend_type = torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL
+    elif backend == "gloo":
+        impl = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
+        device, backend_type = torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO
+    else:
+        raise CollectiveBenchmarkError(f"collective autotuning supports gloo and nccl groups, not {backend!r}")
+    impl._set_sequence_number_for_group()
+    channel._register_backend(device, backend_type, impl)
+    channel._set_default_backend(backend_type)
+    channel._set_group_name(f"{group.group_name}:benchmark")
+    return channel
+
+
+@contextmanager
+def _registered_as(name: str, group: dist.ProcessGroup) -> Iterator[None]:
+    # Functional collectives resolve their group by name at run time; this
+    # points the name at ``group`` for the duration, and always restores it.
+    from torch._C._distributed_c10d import (
+        _register_process_group,
+        _resolve_process_group,
+        _unregister_process_group,
     )
-    return float(tensor.item())
+
+    original = _resolve_process_group(name)
+    _unregister_process_group(name)
+    _register_process_group(name, group)
+    try:
+        yield
+    finally:
+        _unregister_process_group(name)
+        _register_process_group(name, original)
 
 
-def benchmark_collective(
+@dataclasses.dataclass
+class _GroupState:
+    # Per-group counters advance at the same protocol steps on every member,
+    # so they name the same store keys everywhere.
+    sessions: int = 0
+    channels: int = 0
+    channel: dist.ProcessGroup | None = None
+    channel_timeout: timedelta | None = None
+    # The group the channel mirrors: a group re-created under the same name
+    # (destroy_process_group, then init again) must not reuse the old channel.
+    group: dist.ProcessGroup | None = None
+
+
+_group_states: dict[str, _GroupState] = {}
+
+
+def _resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
+    if not dist.is_available() or not dist.is_initialized():
+        raise CollectiveBenchmarkError(
+            "collective autotuning needs an initialized default process group "
+            "(torch.distributed.init_process_group) on every rank"
+        )
+    if group is None:
+        return dist.group.WORLD
+    if isinstance(group, str):
+        return dist.distributed_c10d._resolve_process_group(group)
+    return group
+
+
+# --- the benchmarker ----------------------------------------------------------
+class CollectiveBenchmarker:
+    """Benchmarks collective candidates in lock-step over one process group.
+
+    Every member of ``group`` must construct it with the same configuration
+    and call :meth:`run` with the same candidates in the same order, from the
+    same point of the program; ranks outside the group must not call it.
+    """
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | str | None,
+        config: CollectiveBenchmarkConfig,
+        device: torch.device = torch.device("cpu"),
+    ) -> None:
+        self.group = _resolve_group(group)
+        self.group_name = self.group.group_name
+        self.config = config
+        self.device = device
+        self.rank = self.group.rank()
+        self.size = self.group.size()
+        self._state = _group_states.setdefault(self.group_name, _GroupState())
+        if self._state.group is not self.group:
+            self._state.group, self._state.channel = self.group, None
+        self._prepare_errors: dict[str, str] = {}
+
+    # The public entry point ---------------------------------------------------
+    def run(self, candidates: Sequence[Candidate], key: str = "") -> CollectiveDecision:
+        """Benchmark ``candidates`` and return the decision every member shares.
+
+        ``candidates`` are benchmarked in preference order (the default first,
+        then the given order); exactly one candidate may be the default, whose
+        first output is the reference for screening.  ``key`` describes the op
+        (its name, candidates and input shapes): members with a different key
+        are not tuning the same op.
+
+        Returns the decision (a disqualified candidate has an infinite time;
+        ``winner`` is ``None`` when none qualified).  Raises
+        :class:`CollectiveBenchmarkError` on every healthy member when a
+        member is lost or the keys differ; never returns a decision that a
+        healthy member does not share.
+        """
+        if sum(candidate.is_default for candidate in candidates) > 1:
+            raise ValueError("at most one candidate can be the default")
+        ordered = sorted(candidates, key=lambda candidate: not candidate.is_default)
+        names = [candidate.name for candidate in ordered]
+        prepare_errors = {}
+        for candidate in ordered:
+            try:
+                if candidate.prepare is not None:
+                    candidate.prepare()
+            except Exception as error:  # the candidate is disqualified in its round, on every rank
+                log.warning("collective autotuning: preparing %s failed", candidate.name, exc_info=True)
+                prepare_errors[candidate.name] = repr(error)
+        self._prepare_errors = prepare_errors
+        self._state.sessions += 1
+        control = _ControlStore(
+            f"{_STORE_PREFIX}/{self.group_name}/session{self._state.sessions}/", self.group, self.config.timeout
+        )
+        digest = hashlib.sha256(f"{key}|{names}|{self.config}".encode()).hexdigest()[:16]
+        keys = control.rendezvous("join", digest, "the start of autotuning")
+        if len(set(keys)) != 1:
+            raise CollectiveBenchmarkError(
+                f"collective autotuning: the ranks of group {self.group_name!r} are not tuning the same op "
+                f"(op/candidate digests by rank: {keys}; this rank: {key!r}, candidates {names})"
+            )
+        try:
+            with no_python_dispatcher():
+                results = self._run_rounds(ordered, control)
+        except CollectiveBenchmarkError:
+            self._drop_channel()  # a peer is gone; a later session must not reuse the channel
+            raise
+        decision = self._decide(results)
+        self._log(decision)
+        return decision
+
+    # Rounds -------------------------------------------------------------------
+    def _run_rounds(self, ordered: Sequence[Candidate], control: _ControlStore) -> list[CandidateResult]:
+        results: dict[int, CandidateResult] = {}
+        attempts = [1] * len(ordered)
+        reference: torch.Tensor | None = None
+        epoch = 0
+        index = 0
+        while index <= len(ordered):  # the round after the last candidate is the commit
+            failure = None
+            try:
+                if index == len(ordered):
+                    self._commit()
+                    break
+                reports, output = self._round(ordered[index], reference)
+                if ordered[index].is_default and output is not None:
+                    reference = output.clone()
+                results[index] = CandidateResult(ordered[index].name, reports, attempts[index], "exchange")
+                index += 1
+            except _RoundFailed as error:
+                failure = f"{index}:{int(error.status)}:{error.stage}"
+                log.info("collective autotuning: round %d failed on this rank: %s", index, error)
+            if failure is None:
+                continue
+            # Only now, with the exception and its frames gone, is this rank's
+            # last reference to the channel the one dropped here.
+            self._drop_channel()
+            epoch += 1
+            failed_round, reports, stage = _earliest_failure(
+                control.rendezvous(f"failure{epoch}", failure, "failure agreement")
+            )
+            if failed_round == len(ordered):
+                break  # every member finished every round; only the commit failed
+            for later in [i for i in results if i >= failed_round]:
+                del results[later]
+            if ordered[failed_round].is_default:
+                reference = None
+            status = max(report.status for report in reports)
+            if status.retryable and attempts[failed_round] <= self.config.retries:
+                attempts[failed_round] += 1
+                index = failed_round
+                continue
+            results[failed_round] = CandidateResult(ordered[failed_round].name, reports, attempts[failed_round], stage)
+            index = failed_round + 1
+        return [results[i] for i in range(len(ordered))]
+
+    def _round(
+        self, candidate: Candidate, reference: torch.Tensor | None
+    ) -> tuple[tuple[RankReport, ...], torch.Tensor | None]:
+        if candidate.name in self._prepare_errors:
+            raise _RoundFailed(CandidateStatus.RAISED, "prepare")
+        channel = self._channel()
+        status, output, median = CandidateStatus.OK, None, math.nan
+        with _registered_as(self.group_name, channel):
+            stage = "warmup"
+            try:
+                for i in range(max(1, self.config.nwarmup)):
+                    value = candidate.fn()
+                    if i == 0:
+                        output = _first_tensor(value)
+                        _wait_device(self.device, self._step_deadline())
+                        if self.config.screen and not candidate.is_default and not _matches(output, reference):
+                            status = CandidateStatus.WRONG_RESULT
+                _wait_device(self.device, self._step_deadline())
+                stage = "warmup agreement"
+                worst = CandidateStatus(int(self._all_reduce_max(channel, float(status))))
+                if worst is CandidateStatus.OK:
+                    stage = "timed runs"
+                    median = statistics.median(
+                        time_runs(candidate.fn, self.config.nruns, self.device, self._step_deadline())
+                    )
+                stage = "exchange"
+                gathered = self._all_gather(channel, [float(status), median])
+            except _RoundFailed:
+                raise
+            except Exception as error:
+                raise _RoundFailed(_classify(error), stage, error) from error
+        reports = tuple(RankReport(CandidateStatus(int(s)), m) for s, m in gathered)
+        return reports, output
+
+    def _commit(self) -> None:
+        # One collective that completes only once every member left its last
+        # exchange: without it a member could end the session while a peer
+        # still fails that exchange.
+        channel = self._channel()
+        try:
+            self._all_reduce_max(channel, 0.0)
+        except Exception as error:
+            raise _RoundFailed(_classify(error), "commit", error) from error
+
+    # Channel operations --------------------------------------------------------
+    def _channel(self) -> dist.ProcessGroup:
+        if self._state.channel is not None and self._state.channel_timeout != self.config.timeout:
+            self._drop_channel()  # every member sees the same config (it is part of the join key)
+        if self._state.channel is None:
+            self._state.channels += 1
+            self._state.channel_timeout = self.config.timeout
+            prefix = f"{_STORE_PREFIX}/{self.group_name}/channel{self._state.channels}/"
+            try:
+                self._state.channel = _build_channel(self.group, prefix, self.config.timeout)
+            except Exception as error:
+                raise _RoundFailed(_classify(error), "channel setup", error) from error
+        return self._state.channel
+
+    def _drop_channel(self) -> None:
+        # Dropping the last reference closes a gloo channel's sockets, which
+        # fails the peers' pending collectives at once; NCCL needs an abort.
+        channel, self._state.channel = self._state.channel, None
+        if channel is not None and dist.get_backend(self.group) == "nccl":
+            channel.abort()
+
+    def _reduction_tensor(self, values: list[float]) -> torch.Tensor:
+        device = torch.device("cpu") if dist.get_backend(self.group) == "gloo" else self.device
+        return torch.tensor(values, dtype=torch.float64, device=device)
+
+    def _step_deadline(self) -> float:
+        return time.monotonic() + self.config.timeout.total_seconds()
+
+    def _wait(self, work: dist.Work) -> None:
+        if work.wait(self.config.timeout) is False:
+            raise CollectiveBenchmarkTimeout("a benchmark collective did not complete in time")
+
+    def _all_reduce_max(self, channel: dist.ProcessGroup, value: float) -> float:
+        tensor = self._reduction_tensor([value])
+        options = dist.AllreduceOptions()
+        options.reduceOp = dist.ReduceOp.MAX
+        self._wait(channel.allreduce([tensor], options))
+        return float(tensor.item())
+
+    def _all_gather(self, channel: dist.ProcessGroup, values: list[float]) -> list[list[float]]:
+        tensor = self._reduction_tensor(values)
+        gathered = [torch.empty_like(tensor) for _ in range(self.size)]
+        self._wait(channel.allgather([gathered], [tensor]))
+        return [row.tolist() for row in gathered]
+
+    # Decision and logging ------------------------------------------------------
+    def _decide(self, results: list[CandidateResult]) -> CollectiveDecision:
+        index = pick_winner([result.time_ms for result in results], self.config.tie_tolerance)
+        if index is None:
+            return CollectiveDecision(
+                self.group_name, tuple(results), None, "no candidate qualified: every rank uses the default"
+            )
+        winner = results[index]
+        fastest = min(result.time_ms for result in results)
+        if winner.time_ms == fastest:
+            reason = "fastest"
+        else:
+            reason = (
+                f"within {self.config.tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); "
+                "ties go to the default, then to registration order"
+            )
+        return CollectiveDecision(self.group_name, tuple(results), winner.name, reason)
+
+    def _log(self, decision: CollectiveDecision) -> None:
+        if not decision_log.isEnabledFor(logging.DEBUG):
+            return
+        lines = [
+            f"collective autotuning over group {decision.group_name!r} ({self.size} ranks, "
+            f"{self.config.nruns} timed runs, timeout {self.config.timeout.total_seconds():g}s), "
+            f"on rank {self.rank}: winner {decision.winner} ({decision.reason})"
+        ]
+        for result in decision.results:
+            per_rank = "  ".join(
+                f"r{rank}:{report.status.name.lower()}"
+                + ("" if math.isnan(report.median_ms) else f" {report.median_ms:.4f}ms")
+                for rank, report in enumerate(result.reports)
+            )
+            verdict = (
+                f"{result.time_ms:.4f} ms"
+                if result.status is CandidateStatus.OK
+                else f"disqualified ({result.status.name.lower()} in {result.stage})"
+            )
+            lines.append(f"  {result.name:<40} {verdict:<40} attempts={result.attempts}  {per_rank}")
+        decision_log.debug("\n".join(lines))
+
+
+def _earliest_failure(posts: Sequence[str]) -> tuple[int, tuple[RankReport, ...], str]:
+    """The round every member blames for a failure, from the members' reports.
+
+    Each post is ``"round:status:stage"``.  The earliest reported round is the
+    one that failed: a member that reported a later round had finished it and
+    saw it succeed (status OK).  Pure and order-independent, so every member
+    derives the same result from the same posts.
+    """
+    parsed = [(int(r), CandidateStatus(int(s)), stage) for r, s, stage in (p.split(":", 2) for p in posts)]
+    earliest = min(r for r, _, _ in parsed)
+    reports = tuple(RankReport(s if r == earliest else CandidateStatus.OK) for r, s, _ in parsed)
+    worst = max(reports, key=lambda report: report.status)
+    stage = next(st for (r, s, st) in parsed if r == earliest and s == worst.status)
+    return earliest, reports, stage
+
+
+# --- conveniences ---------------------------------------------------------------
+def sync_with_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> None:
+    """Barrier over ``group`` bounded by ``timeout``.
+
+    Every rank of ``group`` must call it.  Returns once all ranks arrived;
+    raises :class:`CollectiveBenchmarkTimeout` when they did not within
+    ``timeout`` (after which a gloo group cannot be used again; see the
+    module docstring).
+    """
+    work = dist.barrier(group=group, async_op=True)
+    try:
+        completed = work.wait(timeout)
+    except RuntimeError as error:  # gloo reports a timed-out wait by raising
+        raise CollectiveBenchmarkTimeout(f"barrier did not complete within {timeout}: {error}") from error
+    if completed is False:
+        raise CollectiveBenchmarkTimeout(f"barrier did not complete within {timeout}")
+
+
+def try_collective_benchmark_with_timeout(
     fn: Callable[[], Any],
     *,
-    device: torch.device,
-    nwarmup: int,
-    nruns: int,
-    timeout: timedelta,
-    group: dist.ProcessGroup | None = None,
+    group: dist.ProcessGroup | str | None = None,
+    config: CollectiveBenchmarkConfig | None = None,
+    device: torch.device = torch.device("cpu"),
+    name: str = "candidate",
 ) -> float:
-    """Benchmark one collective candidate in lock-step; return milliseconds.
+    """Benchmark one collective callable in lock-step; the agreed time in ms.
 
-    Every rank of ``group`` must call this with the same ``nwarmup`` and
-    ``nruns`` for the same candidate, in the same order of candidates.  The
-    result is the slowest rank's median run time, the same float on every rank.
-
-    Raises :class:`CollectiveBenchmarkTimeout` when a barrier or the timing
-    reduction times out, and re-raises whatever ``fn`` raises.
+    Every member of ``group`` must call it with equal arguments.  Returns the
+    slowest rank's median run time, the same float on every member, or inf on
+    every member when ``fn`` raised or timed out on any of them.  Raises
+    :class:`CollectiveBenchmarkError` when a member is lost.
     """
-    if nruns < 1:
-        raise ValueError(f"nruns must be >= 1, got {nruns}")
-    with no_python_dispatcher():
-        sync_with_timeout(group, timeout)
-        time_runs(fn, nwarmup, device)
-        sync_with_timeout(group, timeout)
-        local_median = statistics.median(time_runs(fn, nruns, device))
-        return reduce_max_across_ranks(local_median, group, device, timeout)
+    benchmarker = CollectiveBenchmarker(group, config or CollectiveBenchmarkConfig(), device)
+    decision = benchmarker.run([Candidate(name, fn)], key=name)
+    return decision.time_ms(name)
+
+
+# --- Inductor choices ---------------------------------------------------------
+def collective_group_name(choices: Sequence[Any]) -> str | None:
+    """The process group the collectives of ``choices`` run on, read from their graphs.
+
+    ``None`` when no graph names a group.  Raises :class:`CollectiveBenchmarkError`
+    (on every rank alike: the graphs are the same everywhere) when candidates
+    use different groups, since one benchmark cannot hold them in lock-step.
+    """
+    names: dict[str, str] = {}
+    for choice in choices:
+        gm = getattr(choice, "gm", None)
+        if gm is None:
+            continue
+        for node in gm.graph.nodes:
+            if node.op != "call_function" or getattr(node.target, "namespace", None) != "_c10d_functional":
+                continue
+            schema = node.target._schema
+            for argument, value in zip(schema.arguments, node.args):
+                if argument.name == "group_name":
+                    names.setdefault(str(value), getattr(choice, "name", "?"))
+            if "group_name" in node.kwargs:
+                names.setdefault(str(node.kwargs["group_name"]), getattr(choice, "name", "?"))
+    if len(names) > 1:
+        raise CollectiveBenchmarkError(
+            "collective autotuning: the candidates of one op must use one process group, "
+            f"found {sorted(names)} (first seen in {sorted(names.values())})"
+        )
+    return next(iter(names), None)
+
+
+def benchmark_collective_choices(
+    choices: Sequence[Any],
+    autotune_args: Any,
+    *,
+    is_extern: Callable[[Any], bool],
+    config: CollectiveBenchmarkConfig | None = None,
+) -> dict[Any, float]:
+    """Benchmark Inductor ``ChoiceCaller``s that contain collectives; agreed ms per choice.
+
+    Every rank of the choices' group must call it with the same choices in the
+    same order.  Returns a dict in ``choices`` order, identical on every rank,
+    with inf for a disqualified choice; use :func:`select_winner` on it.
+    Raises :class:`CollectiveBenchmarkError` when a member is lost or the
+    members are not tuning the same op.
+    """
+    config = config or CollectiveBenchmarkConfig.from_inductor_config()
+    group_name = collective_group_name(choices)
+    candidates: list[Candidate] = []
+    for index, choice in enumerate(choices):
+        inputs, output = autotune_args.get_benchmark_tensors(is_extern(choice)).unpack()
+        output.zero_()
+        candidates.append(
+            Candidate(
+                f"{index}:{getattr(choice, 'name', type(choice).__name__)}",
+                _choice_runner(choice, inputs, output),
+                is_default=_is_default_choice(choice) and not any(c.is_default for c in candidates),
+                # Subgraph choices compile lazily on their first run.
+                prepare=getattr(choice, "_ensure_compiled", None),
+            )
+        )
+    shapes = [(tuple(t.shape), t.dtype) for t in inputs if isinstance(t, torch.Tensor)]
+    decision = CollectiveBenchmarker(group_name, config, device_of([*inputs, output])).run(
+        candidates, key=f"{shapes}"
+    )
+    return {choice: decision.time_ms(candidate.name) for choice, candidate in zip(choices, candidates)}
+
+
+def _choice_runner(choice: Any, inputs: Sequence[Any], output: torch.Tensor) -> Callable[[], Any]:
+    def run() -> Any:
+        result = choice.benchmark_collective(*inputs, out=output)
+        return output if result is None else result
+
+    return run

@@ -1,0 +1,286 @@
+"""The decision logic of collective autotuning, without spawning ranks.
+
+What this checks:
+
+* ``pick_winner`` / ``select_winner``: the fastest qualified candidate wins;
+  near-ties go to the default, then to registration order; all-failed gives
+  no winner (every rank then uses the default).  Property-based: the winner
+  only depends on the agreed times and the order.
+* ``_earliest_failure``: the rule every rank applies to the failure reports
+  of its peers blames the same round with the same statuses, whatever order
+  the reports come in.
+* Statuses, result reduction, screening tolerances, error classification,
+  configuration validation and reading the process group from the graphs.
+* ``CollectiveBenchmarker`` end to end on a one-rank gloo group: a raising
+  candidate and a wrong one are disqualified and the others compete, a timed
+  out round is retried when retries are configured, the decision log shows
+  every rank's status and the reason, and misuse (no process group, two
+  defaults) is a clear error.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from hypothesis import given, settings, strategies as st
+from torch._inductor.runtime import collective_benchmarking as cb
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+OK, PEER, TIMEOUT, WRONG, RAISED = (
+    cb.CandidateStatus.OK,
+    cb.CandidateStatus.PEER_FAILED,
+    cb.CandidateStatus.TIMED_OUT,
+    cb.CandidateStatus.WRONG_RESULT,
+    cb.CandidateStatus.RAISED,
+)
+times_strategy = st.lists(
+    st.one_of(st.floats(min_value=1e-3, max_value=1e3), st.just(math.inf)), min_size=1, max_size=8
+)
+
+
+class TestPickWinner(TestCase):
+    def test_fastest_wins(self):
+        self.assertEqual(cb.pick_winner([3.0, 1.0, 2.0], tie_tolerance=0.0), 1)
+
+    def test_near_tie_goes_to_the_earlier_candidate(self):
+        self.assertEqual(cb.pick_winner([1.01, 1.0, 0.5], tie_tolerance=0.05), 2)
+        self.assertEqual(cb.pick_winner([1.01, 1.0, 5.0], tie_tolerance=0.05), 0)
+        self.assertEqual(cb.pick_winner([1.01, 1.0], tie_tolerance=0.0), 1)
+
+    def test_exact_tie_without_tolerance_goes_to_the_earlier_candidate(self):
+        self.assertEqual(cb.pick_winner([2.0, 1.0, 1.0], tie_tolerance=0.0), 1)
+
+    def test_all_failed_has_no_winner(self):
+        self.assertIsNone(cb.pick_winner([math.inf, math.inf], tie_tolerance=0.02))
+        self.assertIsNone(cb.pick_winner([], tie_tolerance=0.02))
+
+    def test_disqualified_candidates_never_win(self):
+        self.assertEqual(cb.pick_winner([math.inf, 9.0, math.inf], tie_tolerance=0.02), 1)
+
+    @settings(max_examples=300, deadline=None)
+    @given(times=times_strategy, tolerance=st.floats(min_value=0.0, max_value=0.5))
+    def test_winner_is_the_first_within_tolerance_of_the_fastest(self, times, tolerance):
+        winner = cb.pick_winner(times, tolerance)
+        finite = [t for t in times if math.isfinite(t)]
+        if not finite:
+            self.assertIsNone(winner)
+            return
+        fastest = min(finite)
+        self.assertLessEqual(times[winner], fastest * (1 + tolerance))
+        for earlier in times[:winner]:
+            self.assertFalse(math.isfinite(earlier) and earlier <= fastest * (1 + tolerance))
+
+    @settings(max_examples=200, deadline=None)
+    @given(times=times_strategy, scale=st.floats(min_value=0.5, max_value=2.0))
+    def test_winner_does_not_depend_on_the_unit(self, times, scale):
+        # Ranks agree on the times, so only their ratios may decide.
+        self.assertEqual(cb.pick_winner(times, 0.02), cb.pick_winner([t * scale for t in times], 0.02))
+
+
+class FakeChoice:
+    """What the decision rules read from a ChoiceCaller: a name, and a graph unless it is the default."""
+
+    def __init__(self, name, gm=None):
+        self.name, self.gm = name, gm
+
+
+class TestSelectWinner(TestCase):
+    def choices(self):
+        return FakeChoice("first", gm=object()), FakeChoice("second", gm=object()), FakeChoice("default")
+
+    def test_default_wins_a_near_tie_although_listed_last(self):
+        first, second, default = self.choices()
+        timings = {first: 1.0, second: 1.005, default: 1.01}
+        self.assertIs(cb.select_winner(timings, [first, second, default], 0.02), default)
+
+    def test_registration_order_breaks_ties_between_non_defaults(self):
+        first, second, default = self.choices()
+        timings = {first: 1.01, second: 1.0, default: 5.0}
+        self.assertIs(cb.select_winner(timings, [first, second, default], 0.02), first)
+        self.assertIs(cb.select_winner(timings, [first, second, default], 0.0), second)
+
+    def test_all_failed_selects_nothing(self):
+        first, second, default = self.choices()
+        timings = {first: math.inf, second: math.inf, default: math.inf}
+        self.assertIsNone(cb.select_winner(timings, [first, second, default], 0.02))
+
+
+class TestFailureAgreement(TestCase):
+    def test_earliest_round_takes_the_worst_status_reported_for_it(self):
+        # Rank 1 raised in round 2; rank 0 saw its channel fail there; rank 2
+        # had finished round 2 and failed in round 3 when rank 1 left.
+        posts = ["2:1:warmup", "2:4:warmup", "3:1:warmup"]
+        round_index, reports, stage = cb._earliest_failure(posts)
+        self.assertEqual(round_index, 2)
+        self.assertEqual([r.status for r in reports], [PEER, RAISED, OK])
+        self.assertEqual(stage, "warmup")
+
+    def test_timeout_is_retryable_and_a_real_failure_is_not(self):
+        self.assertTrue(TIMEOUT.retryable and PEER.retryable)
+        self.assertFalse(RAISED.retryable or WRONG.retryable or OK.retryable)
+        _, reports, _ = cb._earliest_failure(["1:2:timed runs", "1:1:timed runs"])
+        self.assertTrue(max(r.status for r in reports).retryable)
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        posts=st.lists(
+            st.tuples(st.integers(0, 1), st.sampled_from([PEER, TIMEOUT, WRONG, RAISED])), min_size=1, max_size=6
+        ),
+        data=st.data(),
+    )
+    def test_every_rank_derives_the_same_verdict_in_any_order(self, posts, data):
+        texts = [f"{r + 4}:{int(s)}:stage{int(s)}" for r, s in posts]
+        shuffled = data.draw(st.permutations(texts))
+        first, second = cb._earliest_failure(texts), cb._earliest_failure(shuffled)
+        self.assertEqual(first[0], second[0])
+        self.assertEqual(max(r.status for r in first[1]), max(r.status for r in second[1]))
+        self.assertEqual(first[2], second[2])
+
+
+class TestResultsAndScreening(TestCase):
+    def test_candidate_result_reduces_to_the_slowest_rank(self):
+        result = cb.CandidateResult("c", (cb.RankReport(OK, 1.0), cb.RankReport(OK, 3.0)))
+        self.assertEqual((result.status, result.time_ms), (OK, 3.0))
+        failed = cb.CandidateResult("c", (cb.RankReport(OK, 1.0), cb.RankReport(WRONG, 0.5)))
+        self.assertEqual((failed.status, failed.time_ms), (WRONG, math.inf))
+
+    def test_screening_tolerances(self):
+        reference = torch.ones(8)
+        self.assertTrue(cb._matches(reference + 5e-6, reference))
+        self.assertFalse(cb._matches(reference + 1e-3, reference))
+        self.assertFalse(cb._matches(torch.ones(4), reference))
+        self.assertFalse(cb._matches(None, reference))
+        self.assertTrue(cb._matches(torch.ones(8), None))  # nothing to screen against
+        self.assertTrue(cb._matches(torch.ones(8, dtype=torch.bfloat16) * 1.01, torch.ones(8, dtype=torch.bfloat16)))
+        self.assertFalse(cb._matches(torch.arange(4) + 1, torch.arange(4)))
+
+    def test_error_classification(self):
+        self.assertIs(cb._classify(TimeoutError("x")), TIMEOUT)
+        self.assertIs(cb._classify(RuntimeError("Timed out waiting 3000ms for recv operation")), TIMEOUT)
+        self.assertIs(cb._classify(dist.DistBackendError("Connection closed by peer [::1]:1")), PEER)
+        self.assertIs(cb._classify(ValueError("bad shape")), RAISED)
+
+    def test_config_validation(self):
+        with self.assertRaisesRegex(ValueError, "nruns"):
+            cb.CollectiveBenchmarkConfig(nruns=0)
+        with self.assertRaisesRegex(ValueError, "timeout"):
+            cb.CollectiveBenchmarkConfig(timeout=timedelta(0))
+        with self.assertRaisesRegex(ValueError, ">= 0"):
+            cb.CollectiveBenchmarkConfig(retries=-1)
+
+
+def graph_choice(*group_names: str):
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    for name in group_names:
+        x = graph.call_function(torch.ops._c10d_functional.all_reduce.default, (x, "sum", name))
+        x = graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (x,))
+    graph.output(x)
+    return FakeChoice(f"choice_{'_'.join(group_names)}", gm=torch.fx.GraphModule({}, graph))
+
+
+class TestGroupFromGraphs(TestCase):
+    def test_group_is_read_from_the_candidates(self):
+        default = FakeChoice("default")
+        self.assertEqual(cb.collective_group_name([graph_choice("tp0"), graph_choice("tp0", "tp0"), default]), "tp0")
+        self.assertIsNone(cb.collective_group_name([default]))
+
+    def test_candidates_on_different_groups_are_an_error(self):
+        with self.assertRaisesRegex(cb.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"):
+            cb.collective_group_name([graph_choice("tp0"), graph_choice("tp1")])
+
+
+class TestBenchmarkerOnOneRank(TestCase):
+    """The whole protocol on a one-rank gloo group: decisions without peers."""
+
+    def setUp(self):
+        super().setUp()
+        store = dist.FileStore(tempfile.mktemp(prefix="collective-decisions-"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        self.config = cb.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=3)
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        super().tearDown()
+
+    def candidate(self, name, output, is_default=False, raise_on=(), calls=None):
+        calls = calls if calls is not None else {}
+
+        def fn():
+            calls[name] = calls.get(name, 0) + 1
+            if calls[name] in raise_on:
+                raise raise_on[calls[name]]
+            return output
+
+        return cb.Candidate(name, fn, is_default=is_default)
+
+    def test_failed_candidates_are_disqualified_and_the_rest_compete(self):
+        good = torch.ones(4)
+        candidates = [
+            self.candidate("raises", good, raise_on={1: RuntimeError("boom")}),
+            self.candidate("wrong", good + 1),
+            self.candidate("good", good),
+            self.candidate("default", good, is_default=True),
+        ]
+        decision = cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
+        statuses = {result.name: result.status for result in decision.results}
+        self.assertEqual(statuses, {"default": OK, "raises": RAISED, "wrong": WRONG, "good": OK})
+        self.assertEqual([result.name for result in decision.results][0], "default")  # benchmarked first
+        self.assertIn(decision.winner, {"default", "good"})
+        self.assertTrue(math.isinf(decision.time_ms("raises")))
+
+    def test_decision_log_shows_every_rank_and_the_reason(self):
+        candidates = [
+            self.candidate("raises", None, raise_on={1: RuntimeError("boom")}),
+            self.candidate("default", torch.ones(2), is_default=True),
+        ]
+        with self.assertLogs(cb.decision_log, "DEBUG") as logs:
+            cb.CollectiveBenchmarker(None, self.config).run(candidates)
+        text = "\n".join(logs.output)
+        self.assertIn("winner default (fastest)", text)
+        self.assertRegex(text, r"raises +disqualified \(raised in warmup\) +attempts=1 +r0:raised")
+        self.assertRegex(text, r"default +[0-9.]+ ms +attempts=1 +r0:ok [0-9.]+ms")
+
+    def test_timed_out_round_is_retried_when_configured(self):
+        calls: dict = {}
+        flaky = self.candidate("flaky", torch.ones(2), raise_on={2: TimeoutError("stalled")}, calls=calls)
+        default = self.candidate("default", torch.ones(2), is_default=True)
+        once = cb.CollectiveBenchmarker(None, self.config).run([default, flaky])
+        self.assertEqual(once.results[1].status, TIMEOUT)
+        calls.clear()
+        config = cb.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=3, retries=1)
+        retried = cb.CollectiveBenchmarker(None, config).run([default, flaky])
+        self.assertEqual((retried.results[1].status, retried.results[1].attempts), (OK, 2))
+
+    def test_nothing_qualified_means_no_winner(self):
+        candidates = [self.candidate("a", None, is_default=True, raise_on={1: RuntimeError("x")})]
+        decision = cb.CollectiveBenchmarker(None, self.config).run(candidates)
+        self.assertIsNone(decision.winner)
+
+    def test_two_defaults_are_rejected(self):
+        a = self.candidate("a", torch.ones(1), is_default=True)
+        with self.assertRaisesRegex(ValueError, "at most one"):
+            cb.CollectiveBenchmarker(None, self.config).run([a, a])
+
+    def test_single_candidate_helper_returns_inf_on_failure(self):
+        self.assertTrue(math.isfinite(cb.try_collective_benchmark_with_timeout(lambda: torch.ones(1), config=self.config)))
+
+        def boom():
+            raise RuntimeError("boom")
+
+        self.assertTrue(math.isinf(cb.try_collective_benchmark_with_timeout(boom, config=self.config)))
+
+
+class TestMisuse(TestCase):
+    def test_uninitialized_process_group_is_a_clear_error(self):
+        self.assertFalse(dist.is_initialized())
+        with self.assertRaisesRegex(cb.CollectiveBenchmarkError, "init_process_group"):
+            cb.CollectiveBenchmarker(None, cb.CollectiveBenchmarkConfig())
+
+
+if __name__ == "__main__":
+    run_tests()
