@@ -289,14 +289,14 @@ def all_reduce_candidate(impl: str, probe_after: bool = False):
     return candidate
 
 
-class CollectiveAutotuningTestBase(MultiProcessTestCase):
-    backend = "gloo"
+class SpawnedRanksTestCase(MultiProcessTestCase):
+    """``WORLD_SIZE`` rank processes per test, each initializing ``backend`` over a FileStore."""
 
-    @classmethod
-    def setUpClass(cls):
-        if cls.backend == "nccl" and torch.cuda.device_count() < cls.WORLD_SIZE:
-            raise unittest.SkipTest(f"NCCL tests need {cls.WORLD_SIZE} GPUs")
-        super().setUpClass()
+    WORLD_SIZE = 2
+    backend = "gloo"
+    # Tests whose point is a rank that dies: the dead rank's exit code is not
+    # checked, the healthy ranks' assertions still fail the test through theirs.
+    KILLS_A_RANK: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -304,23 +304,34 @@ class CollectiveAutotuningTestBase(MultiProcessTestCase):
 
     def setUp(self):
         super().setUp()
-        if self._testMethodName == "test_killed_rank_is_reported_by_every_healthy_rank":
-            # The killed rank's exit code is the point of the test; the healthy
-            # ranks' assertions still fail the test through their own exit codes.
+        if self._testMethodName in self.KILLS_A_RANK:
             self.skip_return_code_checks.append(getattr(type(self), self._testMethodName).__get__(self))
         self._spawn_processes()
 
-    def _init_rank(self) -> torch.device:
-        device = torch.device("cpu")
-        if self.backend == "nccl":
-            device = torch.device("cuda", self.rank)
-            torch.cuda.set_device(device)
+    def _init_process_group(self) -> None:
         store = dist.FileStore(self.file_name, self.world_size)
         dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size)
         # The FX graph cache key does not cover the registered implementations
         # yet; every rank compiles from scratch in its own cache directory.
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor-rank{self.rank}-")
         torch._dynamo.reset()
+
+
+class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
+    KILLS_A_RANK = ("test_killed_rank_is_reported_by_every_healthy_rank",)
+
+    @classmethod
+    def setUpClass(cls):
+        if cls.backend == "nccl" and torch.cuda.device_count() < cls.WORLD_SIZE:
+            raise unittest.SkipTest(f"NCCL tests need {cls.WORLD_SIZE} GPUs")
+        super().setUpClass()
+
+    def _init_rank(self) -> torch.device:
+        device = torch.device("cpu")
+        if self.backend == "nccl":
+            device = torch.device("cuda", self.rank)
+            torch.cuda.set_device(device)
+        self._init_process_group()
         return device
 
     def _input(self, rank: int, device: torch.device) -> torch.Tensor:
@@ -478,7 +489,7 @@ class CollectiveAutotuningTestBase(MultiProcessTestCase):
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 
 
-class CollectiveAutotuningGroupsTest(MultiProcessTestCase):
+class CollectiveAutotuningGroupsTest(SpawnedRanksTestCase):
     """Two tensor-parallel groups of 2 in a world of 4, tuning independently.
 
     Group {2, 3} starts compiling two timeouts after group {0, 1}: a protocol
@@ -487,21 +498,12 @@ class CollectiveAutotuningGroupsTest(MultiProcessTestCase):
     other's decision.
     """
 
+    WORLD_SIZE = 4
     TIMEOUT_S = 5.0
     WINNERS = {0: "direct", 1: "rs_ag"}  # by group index
 
-    @property
-    def world_size(self) -> int:
-        return 4
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
-
     def test_groups_tune_independently(self):
-        store = dist.FileStore(self.file_name, self.world_size)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor-rank{self.rank}-")
+        self._init_process_group()
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         index = self.rank // 2
         group = groups[index]
@@ -561,24 +563,15 @@ class TestCollectiveAutotuning4RanksNCCL(CollectiveAutotuningTestBase):
     backend = "nccl"
 
 
-class CollectiveBenchmarkerMisuseTest(MultiProcessTestCase):
+class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
     """Ranks that do not run the same session get a clear error, on every rank, within the timeout."""
 
     TIMEOUT = datetime.timedelta(seconds=3)
 
-    @property
-    def world_size(self) -> int:
-        return 2
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
-
     def _benchmarker(self):
         from torch._inductor.runtime.collective_benchmarking import CollectiveBenchmarkConfig, CollectiveBenchmarker
 
-        store = dist.FileStore(self.file_name, self.world_size)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+        self._init_process_group()
         return CollectiveBenchmarker(None, CollectiveBenchmarkConfig(timeout=self.TIMEOUT, nwarmup=1, nruns=1))
 
     def test_ranks_tuning_different_ops_fail_together(self):
@@ -603,7 +596,7 @@ class CollectiveBenchmarkerMisuseTest(MultiProcessTestCase):
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 
 
-del CollectiveAutotuningTestBase  # a base, not a test class of its own
+del SpawnedRanksTestCase, CollectiveAutotuningTestBase  # bases, not test classes of their own
 
 if __name__ == "__main__":
     run_tests()
