@@ -583,6 +583,16 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
             benchmarker.run([candidate], key=f"op shapes on rank {self.rank}")
         dist.destroy_process_group()
 
+    def test_sync_with_timeout_raises_when_a_rank_is_late(self):
+        from torch._inductor.runtime.collective_benchmarking import CollectiveBenchmarkTimeout, sync_with_timeout
+
+        self._init_process_group()
+        if self.rank == 1:
+            time.sleep(2 * self.TIMEOUT.total_seconds())
+            return
+        with self.assertRaises(CollectiveBenchmarkTimeout):
+            sync_with_timeout(None, self.TIMEOUT)
+
     def test_rank_that_never_joins_is_named(self):
         from torch._inductor.runtime.collective_benchmarking import Candidate, CollectiveBenchmarkError
 

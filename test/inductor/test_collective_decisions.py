@@ -261,6 +261,9 @@ class TestBenchmarkerOnOneRank(TestCase):
         decision = cb.CollectiveBenchmarker(None, self.config).run(candidates)
         self.assertIsNone(decision.winner)
 
+    def test_sync_with_timeout_returns_when_every_rank_arrived(self):
+        self.assertIsNone(cb.sync_with_timeout(None, timedelta(seconds=5)))
+
     def test_two_defaults_are_rejected(self):
         a = self.candidate("a", torch.ones(1), is_default=True)
         with self.assertRaisesRegex(ValueError, "at most one"):
