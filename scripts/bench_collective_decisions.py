@@ -14,6 +14,7 @@ implementation (the same way the tests inject them):
   exception  one implementation raises on the last rank at its first timed run
   stall      one implementation sleeps past the timeout once on the last rank
   dead       the last rank is SIGKILLed inside an implementation
+  hung       the last rank blocks inside an implementation for 4 timeouts
 
 and reports the time from the fault to every rank having decided (for a dead
 peer: to every healthy rank having raised), the winner and whether all ranks
@@ -22,7 +23,7 @@ benchmark calls torch.cuda), which the table shows as it happens.
 
 Usage:
   python scripts/bench_collective_decisions.py [--nproc 2] [--timeout 5]
-      [--scenarios happy,exception,stall,dead] [--stock-python PATH]
+      [--scenarios happy,exception,stall,dead,hung] [--stock-python PATH]
 
 Upstream's design (read from torch 2.13.0's select_algorithm.py) issues 3
 synchronizing collectives per candidate (2 barriers and 1 all_reduce); on CPU
@@ -45,7 +46,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ("happy", "exception", "stall", "dead")
+SCENARIOS = ("happy", "exception", "stall", "dead", "hung")
 NWARMUP, NRUNS = 3, 10
 
 
@@ -83,9 +84,13 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
                 raise RuntimeError("fault injected by the benchmark")
             if scenario == "stall":
                 time.sleep(timeout + 1)
+            if scenario in ("dead", "hung"):
+                Path(out_dir, "lost.json").write_text(json.dumps({"fault_at": time.time()}))
             if scenario == "dead":
-                Path(out_dir, "dead.json").write_text(json.dumps({"fault_at": time.time()}))
                 os.kill(os.getpid(), signal.SIGKILL)
+            if scenario == "hung":
+                time.sleep(4 * timeout)
+                os._exit(0)
         time.sleep({"default": 0.008, "faulty": 0.0, "good": 0.003}[impl])
         return x.clone()
 
@@ -228,10 +233,10 @@ def run_scenario(python: str, scenario: str, nproc: int, timeout: float) -> list
             except subprocess.TimeoutExpired:
                 process.kill()
         reports = [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob("rank*.json"))]
-        dead = Path(out_dir, "dead.json")
-        if dead.exists():
+        lost = Path(out_dir, "lost.json")
+        if lost.exists():
             for report in reports:
-                report["fault_at"] = json.loads(dead.read_text())["fault_at"]
+                report["fault_at"] = json.loads(lost.read_text())["fault_at"]
         return reports
 
 
@@ -255,7 +260,7 @@ def summarize(scenario: str, reports: list[dict], nproc: int, timeout: float) ->
         if "sync_wall_s" in first:
             row["sync ms / candidate"] = f"{1e3 * max(r['sync_wall_s'] for r in reports) / 3:.2f}"
     fault_at = next((r["fault_at"] for r in reports if "fault_at" in r), None)
-    if scenario == "dead" and errors:
+    if scenario in ("dead", "hung") and errors:
         row["fault -> every healthy rank raised"] = f"{max(r['error_at'] for r in reports) - fault_at:.2f} s"
         row["error"] = errors[0]
     elif fault_at is not None and all("agreed_at" in r for r in reports):

@@ -48,8 +48,15 @@ The protocol
    for it (a rank already past it only saw it succeed); that candidate is
    retried when the cause was a timeout and retries remain, or disqualified
    otherwise; rounds after it are run again.  A member that does not report
-   is lost: every healthy rank raises :class:`CollectiveBenchmarkError`
-   naming it.
+   within the timeout is lost: every healthy rank raises
+   :class:`CollectiveBenchmarkError` naming it.
+
+   What this bounds: an exception reaches every rank within milliseconds
+   (the channel drop); a stalled rank is waited for up to one timeout after
+   its peers timed out, and agreement comes when it returns; a killed rank
+   closes its sockets, so its peers raise about one timeout after its death;
+   a hung rank is declared lost after its peers' collective timed out and its
+   report did not come, about two timeouts.
 4. **Decision.**  A candidate qualifies when every rank ran it without error
    and with a correct result.  Its time is the slowest rank's median (a
    collective completes when its slowest participant does).  Among the
