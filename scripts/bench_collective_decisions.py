@@ -151,7 +151,8 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
 
         def rendezvous(self, tag, value, what):
             result = original_rendezvous(self, tag, value, what)
-            report.setdefault("agreed_at", time.time()) if tag.startswith("failure") else None
+            if tag.startswith("failure"):
+                report.setdefault("agreed_at", time.time())
             return result
 
         cb._ControlStore.rendezvous = rendezvous

@@ -403,8 +403,10 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         """
         device = self._init_rank()
         names = [name for name in faults if name != "default"]
-        names += [name for name in ("good",) if name not in names]
-        decompositions = [(name, all_reduce_candidate(name, faults.get(name, Fault("", [])).kind == "wrong")) for name in names]
+        if "good" not in names:
+            names.append("good")
+        wrong = {name for name, fault in faults.items() if fault.kind == "wrong"}
+        decompositions = [(name, all_reduce_candidate(name, probe_after=name in wrong)) for name in names]
         DELAY_MS.clear()
         DELAY_MS.update({name: SLOW_MS for name in ["default", *names] if name not in fast})
         DELAY_MS[winner] = SLOW_MS / 5

@@ -424,7 +424,6 @@ class _RoundFailed(Exception):
         super().__init__(f"{status.name} during {stage}: {error!r}")
         self.status = status
         self.stage = stage
-        self.error = error
 
 
 # --- the control store --------------------------------------------------------
