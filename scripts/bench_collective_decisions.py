@@ -208,17 +208,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def rank_env(nproc: int) -> dict[str, str]:
+    """The environment of one launch's ranks (each adds its RANK): env:// on a free local port."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(nproc),
+    }
+
+
 def run_scenario(python: str, scenario: str, nproc: int, timeout: float) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-decisions-") as out_dir:
         command = [python, __file__, "--worker", scenario, "--timeout", str(timeout), "--out", out_dir]
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "PYTHONWARNINGS": "ignore",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(free_port()),
-            "WORLD_SIZE": str(nproc),
-        }
+        env = rank_env(nproc)
         ranks = [
             subprocess.Popen(
                 command,

@@ -8,9 +8,12 @@ functional collectives, registered with ``register_custom_op_autotuning``.
 Every alternative computes the same result through a genuinely different
 communication pattern, e.g. an all_reduce as reduce_scatter + all_gather.
 
-When ``torch.compile`` lowers an op, the autotuner benchmarks every candidate
-on every rank in lock-step and ranks them by the slowest rank's median time,
-so all ranks pick the same winner.  This script
+When ``torch.compile`` compiles the program, the autotuner benchmarks every
+candidate on every rank in lock-step (by default in the scheduler, each
+candidate timed with the pointwise ops that follow it;
+``TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING=0``: while the op is lowered) and
+ranks them by the slowest rank's median time, so all ranks pick the same
+winner.  This script
 
 * captures the per-candidate timings with
   ``torch._inductor.select_algorithm.add_feedback_saver``,

@@ -1,7 +1,10 @@
 """Collective custom-op autotuning across ranks, on CPU/gloo (CI) and CUDA/NCCL.
 
-What this checks, per world size (one class each: 2, 3 and 4 ranks) and per
-collective kind (all_reduce, all_gather, reduce_scatter, all_to_all):
+What this checks, per world size (2, 3 and 4 ranks), per tuning path (V1:
+each op tuned while it is lowered; V2, the default: the choice deferred to the
+scheduler, see torch/_inductor/collective_autotuning.py; one class per world
+size and path) and per collective kind (all_reduce, all_gather,
+reduce_scatter, all_to_all):
 
 * The implementation that runs after compilation is the expected winner.  Every
   op has three real implementations (the op's own eager code and two
@@ -20,8 +23,8 @@ in one op, next to a healthy candidate that must win); one rank stalling once
 past the timeout, without and with a retry; every candidate failing; a rank
 killed mid-benchmark.  Each asserts on every surviving rank the winner, that
 every rank ran it, the numerical result and a generous wall-time bound that
-only a hang would break.  A 4-rank class runs two tensor-parallel groups, one
-of which starts compiling later than the timeout.
+only a hang would break.  A 4-rank class per path runs two tensor-parallel
+groups, one of which starts compiling later than the timeout.
 
 The NCCL classes run the same tests when enough GPUs are present and are
 skipped otherwise.
@@ -289,6 +292,18 @@ def all_reduce_candidate(impl: str, probe_after: bool = False):
     return candidate
 
 
+def tuning_config(defer: bool, **patches):
+    """Inductor settings of a multi-rank autotuning test: few runs, no caches, the path under test."""
+    return inductor_config.patch(
+        collective_benchmark_nruns=NRUNS,
+        inductor_default_autotune_warmup=NWARMUP,
+        fx_graph_cache=False,
+        autotune_local_cache=False,
+        defer_collective_autotuning=defer,
+        **patches,
+    )
+
+
 class SpawnedRanksTestCase(MultiProcessTestCase):
     """``WORLD_SIZE`` rank processes per test, each initializing ``backend`` over a FileStore."""
 
@@ -319,6 +334,8 @@ class SpawnedRanksTestCase(MultiProcessTestCase):
 
 class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
     KILLS_A_RANK = ("test_killed_rank_is_reported_by_every_healthy_rank",)
+    # torch._inductor.config.defer_collective_autotuning: V2 (True) or V1.
+    DEFER = True
 
     @classmethod
     def setUpClass(cls):
@@ -350,13 +367,7 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         def program(x):
             return op(x) + 1
 
-        with inductor_config.patch(
-            collective_benchmark_nruns=NRUNS,
-            inductor_default_autotune_warmup=NWARMUP,
-            fx_graph_cache=False,
-            autotune_local_cache=False,
-            **config_patches,
-        ):
+        with tuning_config(self.DEFER, **config_patches):
             compiled = torch.compile(program)
             RAN.clear()
             start = time.monotonic()
@@ -475,13 +486,7 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         register_custom_op_autotuning(
             all_reduce_op, configs=[CustomOpConfig(all_reduce_candidate("doomed")), CustomOpConfig(all_reduce_direct)]
         )
-        with inductor_config.patch(
-            collective_benchmark_nruns=NRUNS,
-            inductor_default_autotune_warmup=NWARMUP,
-            collective_benchmark_timeout=FAULT_TIMEOUT_S,
-            fx_graph_cache=False,
-            autotune_local_cache=False,
-        ):
+        with tuning_config(self.DEFER, collective_benchmark_timeout=FAULT_TIMEOUT_S):
             compiled = torch.compile(lambda x: all_reduce_op(x) + 1)
             start = time.monotonic()
             with self.assertRaisesRegex(Exception, rf"ranks \[{last}\] .*did not reach failure agreement"):
@@ -491,7 +496,7 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 
 
-class CollectiveAutotuningGroupsTest(SpawnedRanksTestCase):
+class CollectiveAutotuningGroupsTests:
     """Two tensor-parallel groups of 2 in a world of 4, tuning independently.
 
     Group {2, 3} starts compiling two timeouts after group {0, 1}: a protocol
@@ -503,6 +508,7 @@ class CollectiveAutotuningGroupsTest(SpawnedRanksTestCase):
     WORLD_SIZE = 4
     TIMEOUT_S = 5.0
     WINNERS = {0: "direct", 1: "rs_ag"}  # by group index
+    DEFER = True
 
     def test_groups_tune_independently(self):
         self._init_process_group()
@@ -519,13 +525,7 @@ class CollectiveAutotuningGroupsTest(SpawnedRanksTestCase):
         x = torch.full((ROWS, COLS), float(self.rank + 1))
         if index == 1:
             time.sleep(2 * self.TIMEOUT_S)
-        with inductor_config.patch(
-            collective_benchmark_nruns=NRUNS,
-            inductor_default_autotune_warmup=NWARMUP,
-            collective_benchmark_timeout=self.TIMEOUT_S,
-            fx_graph_cache=False,
-            autotune_local_cache=False,
-        ):
+        with tuning_config(self.DEFER, collective_benchmark_timeout=self.TIMEOUT_S):
             compiled = torch.compile(lambda x: tp_all_reduce_op(x, group.group_name) + 1)
             compiled(x)
             RAN.clear()
@@ -538,31 +538,25 @@ class CollectiveAutotuningGroupsTest(SpawnedRanksTestCase):
         dist.destroy_process_group()
 
 
-class TestCollectiveAutotuning2RanksGloo(CollectiveAutotuningTestBase):
-    WORLD_SIZE = 2
+class CollectiveAutotuningGroupsTestV1(CollectiveAutotuningGroupsTests, SpawnedRanksTestCase):
+    DEFER = False
 
 
-class TestCollectiveAutotuning3RanksGloo(CollectiveAutotuningTestBase):
-    WORLD_SIZE = 3
+class CollectiveAutotuningGroupsTestV2(CollectiveAutotuningGroupsTests, SpawnedRanksTestCase):
+    DEFER = True
 
 
-class TestCollectiveAutotuning4RanksGloo(CollectiveAutotuningTestBase):
-    WORLD_SIZE = 4
-
-
-class TestCollectiveAutotuning2RanksNCCL(CollectiveAutotuningTestBase):
-    WORLD_SIZE = 2
-    backend = "nccl"
-
-
-class TestCollectiveAutotuning3RanksNCCL(CollectiveAutotuningTestBase):
-    WORLD_SIZE = 3
-    backend = "nccl"
-
-
-class TestCollectiveAutotuning4RanksNCCL(CollectiveAutotuningTestBase):
-    WORLD_SIZE = 4
-    backend = "nccl"
+# TestCollectiveAutotuning{2,3,4}Ranks{Gloo,NCCL}{V1,V2}: every world size,
+# backend and tuning path (V1: while lowering, V2: in the scheduler).
+for _world_size in (2, 3, 4):
+    for _backend, _label in (("gloo", "Gloo"), ("nccl", "NCCL")):
+        for _path, _defer in (("V1", False), ("V2", True)):
+            _name = f"TestCollectiveAutotuning{_world_size}Ranks{_label}{_path}"
+            globals()[_name] = type(
+                _name,
+                (CollectiveAutotuningTestBase,),
+                {"WORLD_SIZE": _world_size, "backend": _backend, "DEFER": _defer, "__module__": __name__},
+            )
 
 
 class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
@@ -608,7 +602,7 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 
 
-del SpawnedRanksTestCase, CollectiveAutotuningTestBase  # bases, not test classes of their own
+del CollectiveAutotuningTestBase  # a base, not a test class of its own
 
 if __name__ == "__main__":
     run_tests()

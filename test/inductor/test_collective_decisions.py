@@ -15,7 +15,8 @@ What this checks:
   candidate and a wrong one are disqualified and the others compete, a timed
   out round is retried when retries are configured, the decision log shows
   every rank's status and the reason, and misuse (no process group, two
-  defaults) is a clear error.
+  defaults) is a clear error.  A batch of ops (the scheduler path) has one
+  join and screens each op's candidates against that op's own default.
 """
 
 from __future__ import annotations
@@ -260,6 +261,34 @@ class TestBenchmarkerOnOneRank(TestCase):
         candidates = [self.candidate("a", None, is_default=True, raise_on={1: RuntimeError("x")})]
         decision = cb.CollectiveBenchmarker(None, self.config).run(candidates)
         self.assertIsNone(decision.winner)
+
+    def test_batch_has_one_join_and_screens_each_op_against_its_own_default(self):
+        from torch._dynamo.utils import counters
+
+        counters.clear()
+        calls: dict = {}
+        first = [
+            self.candidate("first.default", torch.ones(3), is_default=True),
+            self.candidate("first.same", torch.ones(3)),
+        ]
+        second = [
+            # Right for the second op, wrong for the first: screening must use
+            # the second op's default.
+            self.candidate("second.same", torch.zeros(3), raise_on={2: TimeoutError("stalled")}, calls=calls),
+            self.candidate("second.default", torch.zeros(3), is_default=True),
+        ]
+        config = cb.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=3, retries=1)
+        decisions = cb.CollectiveBenchmarker(None, config).run_batch(
+            [cb.OpToTune("first", first), cb.OpToTune("second", second)]
+        )
+        self.assertEqual(counters["collective_autotuning"]["presync"], 1)
+        self.assertEqual(counters["collective_autotuning"]["ops"], 2)
+        self.assertEqual([[r.name for r in d.results] for d in decisions], [
+            ["first.default", "first.same"], ["second.default", "second.same"]
+        ])
+        self.assertEqual([[r.status for r in d.results] for d in decisions], [[OK, OK], [OK, OK]])
+        self.assertEqual(decisions[1].results[1].attempts, 2)  # the timed-out round ran again
+        self.assertGreater(counters["collective_autotuning"]["timed_s"], 0)
 
     def test_sync_with_timeout_returns_when_every_rank_arrived(self):
         self.assertIsNone(cb.sync_with_timeout(None, timedelta(seconds=5)))

@@ -23,22 +23,31 @@ tuned.
 
 The protocol
 ------------
-:class:`CollectiveBenchmarker` runs one *session* per op over the op's group:
+:class:`CollectiveBenchmarker` runs *sessions* over a group: one per op when
+ops are tuned while they are lowered (V1, :meth:`~CollectiveBenchmarker.run`),
+one per group and graph when the scheduler tunes a graph's collective ops
+together (V2, :meth:`~CollectiveBenchmarker.run_batch`; see
+``torch/_inductor/collective_autotuning.py``).  A session:
 
-1. **Join.**  Every rank compiles the candidates (local work whose duration
-   differs between ranks), then posts a key describing the op and its
-   candidates in the control store and waits, bounded by the timeout, for
-   every member.  A missing rank or a different key is an error on every rank
-   that joined.
-2. **Rounds.**  Candidates are benchmarked one round each, the default first,
-   then in registration order.  In a round a rank runs the warmup (its first
+1. **Join (the pre-sync).**  Every rank compiles the candidates (local work
+   whose duration differs between ranks), then posts a key describing the ops
+   and their candidates in the control store and waits, bounded by the
+   timeout, for every member.  A missing rank or a different key is an error
+   on every rank that joined; the key lists a compact digest per op, so the
+   error names the first op at which the ranks differ.
+2. **Rounds.**  Candidates are benchmarked one round each, op by op: the
+   op's default first, then in registration order.  In a round a rank runs the warmup (its first
    output is screened against the default's output on the same inputs), then
    all ranks all-reduce the worst warmup status (this replaces the barrier
    before the timed runs), run the timed runs unless a rank failed, and
    all-gather ``[status, median]``: the status travels with the timing, so the
    happy path needs no other collective.  A round costs two collectives and
    the session one more at the end (a commit), against three per candidate in
-   the first version.
+   the first version.  Seconds spent per step are added to
+   ``torch._dynamo.utils.counters["collective_autotuning"]``: ``presync_s``
+   in joins (mostly waiting for the slowest member to finish compiling),
+   ``sync_s`` in the other synchronizing steps, ``warmup_s`` and ``timed_s``
+   in the candidates' runs; ``presync`` counts joins.
 3. **Failures.**  Any exception or timeout on a rank ends its round: it tears
    down the benchmark channel (below), which makes the peers' pending
    collectives fail at once instead of at their timeout, and reports
@@ -123,6 +132,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._dispatch.python import no_python_dispatcher
+from torch._dynamo.utils import counters
 
 
 __all__ = [
@@ -134,12 +144,15 @@ __all__ = [
     "CollectiveBenchmarkTimeout",
     "CollectiveBenchmarker",
     "CollectiveDecision",
+    "OpToTune",
     "RankReport",
     "SCREENING_TOLERANCES",
     "benchmark_collective_choices",
+    "collective_candidates",
     "collective_group_name",
     "device_of",
     "pick_winner",
+    "resolve_group",
     "select_winner",
     "sync_with_timeout",
     "time_runs",
@@ -259,6 +272,20 @@ class Candidate:
     fn: Callable[[], Any]
     is_default: bool = False
     prepare: Callable[[], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OpToTune:
+    """The candidates of one autotuned op, and a key that identifies the op.
+
+    ``key`` describes the op (its name and input shapes) compactly; members
+    of the group whose keys or candidate names differ are not tuning the same
+    op, and the session fails on every member instead of pairing the wrong
+    rounds.
+    """
+
+    key: str
+    candidates: Sequence[Candidate]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -526,7 +553,12 @@ class _GroupState:
 _group_states: dict[str, _GroupState] = {}
 
 
-def _resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
+def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
+    """``group`` as a ``ProcessGroup`` (``None``: the default group, a str: by name).
+
+    Raises :class:`CollectiveBenchmarkError` when torch.distributed is not
+    initialized: collective autotuning needs every rank's process group.
+    """
     if not dist.is_available() or not dist.is_initialized():
         raise CollectiveBenchmarkError(
             "collective autotuning needs an initialized default process group "
@@ -554,7 +586,7 @@ class CollectiveBenchmarker:
         config: CollectiveBenchmarkConfig,
         device: torch.device = torch.device("cpu"),
     ) -> None:
-        self.group = _resolve_group(group)
+        self.group = resolve_group(group)
         self.group_name = self.group.group_name
         self.config = config
         self.device = device
@@ -563,75 +595,122 @@ class CollectiveBenchmarker:
         self._state = _group_states.setdefault(self.group_name, _GroupState())
         if self._state.group is not self.group:
             self._state.group, self._state.channel = self.group, None
-        self._prepare_errors: dict[str, str] = {}
+        self._prepare_errors: dict[tuple[int, str], str] = {}
 
-    # The public entry point ---------------------------------------------------
+    # The public entry points --------------------------------------------------
     def run(self, candidates: Sequence[Candidate], key: str = "") -> CollectiveDecision:
-        """Benchmark ``candidates`` and return the decision every member shares.
+        """Benchmark the candidates of one op; the decision every member shares.
 
-        ``candidates`` are benchmarked in preference order (the default first,
-        then the given order); exactly one candidate may be the default, whose
-        first output is the reference for screening.  ``key`` describes the op
-        (its name, candidates and input shapes): members with a different key
-        are not tuning the same op.
-
-        Returns the decision (a disqualified candidate has an infinite time;
-        ``winner`` is ``None`` when none qualified).  Raises
-        :class:`CollectiveBenchmarkError` on every healthy member when a
-        member is lost or the keys differ; never returns a decision that a
-        healthy member does not share.
+        The same as :meth:`run_batch` with one op: see there.
         """
-        if sum(candidate.is_default for candidate in candidates) > 1:
-            raise ValueError("at most one candidate can be the default")
-        ordered = sorted(candidates, key=lambda candidate: not candidate.is_default)
-        names = [candidate.name for candidate in ordered]
-        prepare_errors = {}
-        for candidate in ordered:
+        return self.run_batch([OpToTune(key, candidates)])[0]
+
+    def run_batch(self, ops: Sequence[OpToTune]) -> list[CollectiveDecision]:
+        """Benchmark the candidates of several ops in one session; one decision per op.
+
+        Every member of the group must call it with the same ops in the same
+        order.  The session has one join (the *pre-sync*), which also checks
+        that every member holds the same ops: the keys and candidate names of
+        all ops go into the join digest.  Each op's candidates are then
+        benchmarked in preference order (its default first, then the given
+        order); at most one candidate per op may be the default, and its first
+        output is the reference against which the op's other candidates are
+        screened.  One commit ends the session.
+
+        Returns the decisions in ``ops`` order (a disqualified candidate has an
+        infinite time; ``winner`` is ``None`` when none of an op's candidates
+        qualified).  Raises :class:`CollectiveBenchmarkError` on every healthy
+        member when a member is lost or the members' ops differ; never returns
+        a decision that a healthy member does not share.
+        """
+        started = time.perf_counter()
+        rounds: list[tuple[int, Candidate]] = []
+        for op_index, op in enumerate(ops):
+            if sum(candidate.is_default for candidate in op.candidates) > 1:
+                raise ValueError(f"at most one candidate can be the default (op {op.key!r})")
+            ordered = sorted(op.candidates, key=lambda candidate: not candidate.is_default)
+            rounds.extend((op_index, candidate) for candidate in ordered)
+        self._prepare_errors = {}
+        for op_index, candidate in rounds:
             try:
                 if candidate.prepare is not None:
                     candidate.prepare()
             except Exception as error:  # the candidate is disqualified in its round, on every rank
                 log.warning("collective autotuning: preparing %s failed", candidate.name, exc_info=True)
-                prepare_errors[candidate.name] = repr(error)
-        self._prepare_errors = prepare_errors
+                self._prepare_errors[(op_index, candidate.name)] = repr(error)
+        prepared = time.perf_counter()
         self._state.sessions += 1
         control = _ControlStore(
             f"{_STORE_PREFIX}/{self.group_name}/session{self._state.sessions}/", self.group, self.config.timeout
         )
-        digest = hashlib.sha256(f"{key}|{names}|{self.config}".encode()).hexdigest()[:16]
-        keys = control.rendezvous("join", digest, "the start of autotuning")
-        if len(set(keys)) != 1:
-            raise CollectiveBenchmarkError(
-                f"collective autotuning: the ranks of group {self.group_name!r} are not tuning the same op "
-                f"(op/candidate digests by rank: {keys}; this rank: {key!r}, candidates {names})"
-            )
+        op_digests = [
+            _digest(f"{op.key}|{[candidate.name for candidate in op.candidates]}") for op in ops
+        ]
+        self._join(control, op_digests, ops)
         try:
             with no_python_dispatcher():
-                results = self._run_rounds(ordered, control)
+                results = self._run_rounds(rounds, control)
         except CollectiveBenchmarkError:
             self._drop_channel()  # a peer is gone; a later session must not reuse the channel
             raise
-        decision = self._decide(results)
-        self._log(decision)
-        return decision
+        decisions = []
+        for op_index in range(len(ops)):
+            decision = self._decide([result for (i, _), result in zip(rounds, results) if i == op_index])
+            self._log(decision, ops[op_index].key)
+            decisions.append(decision)
+        stats = counters["collective_autotuning"]
+        stats["ops"] += len(ops)
+        stats["prepare_s"] += prepared - started
+        stats["session_s"] += time.perf_counter() - prepared
+        return decisions
+
+    def _join(self, control: _ControlStore, op_digests: list[str], ops: Sequence[OpToTune]) -> None:
+        # The pre-sync: one bounded store rendezvous per session.  Posting the
+        # per-op digests (not only their combined digest) lets every member name the
+        # first op at which the members differ.
+        digest = _digest(f"{op_digests}|{self.config}")
+        with _timed("presync_s"):
+            posts = control.rendezvous("join", f"{digest}|{','.join(op_digests)}", "the start of autotuning")
+        counters["collective_autotuning"]["presync"] += 1
+        if len({post.partition("|")[0] for post in posts}) == 1:
+            return
+        lists = [[d for d in post.partition("|")[2].split(",") if d] for post in posts]
+        mine = lists[self.rank]
+        # The first op index at which two members differ (one may have no op there).
+        position = next(
+            (i for i in range(max(map(len, lists))) if len({tuple(ranks[i : i + 1]) for ranks in lists}) > 1),
+            None,
+        )
+        if position is None:
+            where = "every member holds the same ops; the benchmark settings differ"
+        elif position < len(mine):
+            where = f"they first differ at op {position}; on this rank it is {ops[position].key!r}"
+        else:
+            where = f"they first differ at op {position}, which this rank does not have"
+        raise CollectiveBenchmarkError(
+            f"collective autotuning: the ranks of group {self.group_name!r} are not tuning the same ops "
+            f"(op counts by rank: {[len(ranks) for ranks in lists]}; {where}; "
+            f"candidates on this rank: {[[c.name for c in op.candidates] for op in ops]})"
+        )
 
     # Rounds -------------------------------------------------------------------
-    def _run_rounds(self, ordered: Sequence[Candidate], control: _ControlStore) -> list[CandidateResult]:
+    def _run_rounds(self, rounds: Sequence[tuple[int, Candidate]], control: _ControlStore) -> list[CandidateResult]:
         results: dict[int, CandidateResult] = {}
-        attempts = [1] * len(ordered)
-        reference: torch.Tensor | None = None
+        attempts = [1] * len(rounds)
+        references: dict[int, torch.Tensor] = {}  # per op: its default's first output
         epoch = 0
         index = 0
-        while index <= len(ordered):  # the round after the last candidate is the commit
+        while index <= len(rounds):  # the round after the last candidate is the commit
             failure = None
             try:
-                if index == len(ordered):
+                if index == len(rounds):
                     self._commit()
                     break
-                reports, output = self._round(ordered[index], reference)
-                if ordered[index].is_default and output is not None:
-                    reference = output.clone()
-                results[index] = CandidateResult(ordered[index].name, reports, attempts[index], "exchange")
+                op_index, candidate = rounds[index]
+                reports, output = self._round(op_index, candidate, references.get(op_index))
+                if candidate.is_default and output is not None:
+                    references[op_index] = output.clone()
+                results[index] = CandidateResult(candidate.name, reports, attempts[index], "exchange")
                 index += 1
             except _RoundFailed as error:
                 failure = f"{index}:{int(error.status)}:{error.stage}"
@@ -642,51 +721,58 @@ class CollectiveBenchmarker:
             # last reference to the channel the one dropped here.
             self._drop_channel()
             epoch += 1
-            failed_round, reports, stage = _earliest_failure(
-                control.rendezvous(f"failure{epoch}", failure, "failure agreement")
-            )
-            if failed_round == len(ordered):
+            with _timed("sync_s"):
+                posts = control.rendezvous(f"failure{epoch}", failure, "failure agreement")
+            failed_round, reports, stage = _earliest_failure(posts)
+            if failed_round == len(rounds):
                 break  # every member finished every round; only the commit failed
             for later in [i for i in results if i >= failed_round]:
                 del results[later]
-            if ordered[failed_round].is_default:
-                reference = None
+            failed_op, failed_candidate = rounds[failed_round]
+            for later_op in {op for op, _ in rounds[failed_round:]}:
+                if later_op != failed_op or failed_candidate.is_default:
+                    references.pop(later_op, None)
             status = max(report.status for report in reports)
             if status.retryable and attempts[failed_round] <= self.config.retries:
                 attempts[failed_round] += 1
                 index = failed_round
                 continue
-            results[failed_round] = CandidateResult(ordered[failed_round].name, reports, attempts[failed_round], stage)
+            results[failed_round] = CandidateResult(failed_candidate.name, reports, attempts[failed_round], stage)
             index = failed_round + 1
-        return [results[i] for i in range(len(ordered))]
+        return [results[i] for i in range(len(rounds))]
 
     def _round(
-        self, candidate: Candidate, reference: torch.Tensor | None
+        self, op_index: int, candidate: Candidate, reference: torch.Tensor | None
     ) -> tuple[tuple[RankReport, ...], torch.Tensor | None]:
-        if candidate.name in self._prepare_errors:
+        if (op_index, candidate.name) in self._prepare_errors:
             raise _RoundFailed(CandidateStatus.RAISED, "prepare")
         channel = self._channel()
         status, output, median = CandidateStatus.OK, None, math.nan
+        counters["collective_autotuning"]["rounds"] += 1
         with _registered_as(self.group_name, channel):
             stage = "warmup"
             try:
-                for i in range(max(1, self.config.nwarmup)):
-                    value = candidate.fn()
-                    if i == 0:
-                        output = _first_tensor(value)
-                        _wait_device(self.device, self._step_deadline())
-                        if self.config.screen and not candidate.is_default and not _matches(output, reference):
-                            status = CandidateStatus.WRONG_RESULT
-                _wait_device(self.device, self._step_deadline())
+                with _timed("warmup_s"):
+                    for i in range(max(1, self.config.nwarmup)):
+                        value = candidate.fn()
+                        if i == 0:
+                            output = _first_tensor(value)
+                            _wait_device(self.device, self._step_deadline())
+                            if self.config.screen and not candidate.is_default and not _matches(output, reference):
+                                status = CandidateStatus.WRONG_RESULT
+                    _wait_device(self.device, self._step_deadline())
                 stage = "warmup agreement"
-                worst = CandidateStatus(int(self._all_reduce_max(channel, float(status))))
+                with _timed("sync_s"):
+                    worst = CandidateStatus(int(self._all_reduce_max(channel, float(status))))
                 if worst is CandidateStatus.OK:
                     stage = "timed runs"
-                    median = statistics.median(
-                        time_runs(candidate.fn, self.config.nruns, self.device, self._step_deadline())
-                    )
+                    with _timed("timed_s"):
+                        median = statistics.median(
+                            time_runs(candidate.fn, self.config.nruns, self.device, self._step_deadline())
+                        )
                 stage = "exchange"
-                gathered = self._all_gather(channel, [float(status), median])
+                with _timed("sync_s"):
+                    gathered = self._all_gather(channel, [float(status), median])
             except _RoundFailed:
                 raise
             except Exception as error:
@@ -700,7 +786,8 @@ class CollectiveBenchmarker:
         # still fails that exchange.
         channel = self._channel()
         try:
-            self._all_reduce_max(channel, 0.0)
+            with _timed("sync_s"):
+                self._all_reduce_max(channel, 0.0)
         except Exception as error:
             raise _RoundFailed(_classify(error), "commit", error) from error
 
@@ -767,11 +854,11 @@ class CollectiveBenchmarker:
             )
         return CollectiveDecision(self.group_name, tuple(results), winner.name, reason)
 
-    def _log(self, decision: CollectiveDecision) -> None:
+    def _log(self, decision: CollectiveDecision, key: str) -> None:
         if not decision_log.isEnabledFor(logging.DEBUG):
             return
         lines = [
-            f"collective autotuning over group {decision.group_name!r} ({self.size} ranks, "
+            f"collective autotuning of {key} over group {decision.group_name!r} ({self.size} ranks, "
             f"{self.config.nruns} timed runs, timeout {self.config.timeout.total_seconds():g}s), "
             f"on rank {self.rank}: winner {decision.winner} ({decision.reason})"
         ]
@@ -788,6 +875,21 @@ class CollectiveBenchmarker:
             )
             lines.append(f"  {result.name:<40} {verdict:<40} attempts={result.attempts}  {per_rank}")
         decision_log.debug("\n".join(lines))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _timed(counter: str) -> Iterator[None]:
+    # Seconds spent per protocol step, in counters["collective_autotuning"]:
+    # what scripts/bench_collective_autotuning.py reports.
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        counters["collective_autotuning"][counter] += time.perf_counter() - started
 
 
 def _earliest_failure(posts: Sequence[str]) -> tuple[int, tuple[RankReport, ...], str]:
@@ -874,6 +976,32 @@ def collective_group_name(choices: Sequence[Any]) -> str | None:
     return next(iter(names), None)
 
 
+def collective_candidates(
+    choices: Sequence[Any], autotune_args: Any, *, is_extern: Callable[[Any], bool]
+) -> tuple[list[Candidate], str]:
+    """The :class:`Candidate` of each Inductor ``ChoiceCaller``, and a key of their inputs.
+
+    Candidates are named ``"{index}:{choice name}"`` in ``choices`` order; the
+    eager default (the first choice without a graph) is the default.  Local
+    work only: no rank waits for another.
+    """
+    candidates: list[Candidate] = []
+    for index, choice in enumerate(choices):
+        inputs, output = autotune_args.get_benchmark_tensors(is_extern(choice)).unpack()
+        output.zero_()
+        candidates.append(
+            Candidate(
+                f"{index}:{getattr(choice, 'name', type(choice).__name__)}",
+                _choice_runner(choice, inputs, output),
+                is_default=_is_default_choice(choice) and not any(c.is_default for c in candidates),
+                # Subgraph choices compile lazily on their first run.
+                prepare=getattr(choice, "_ensure_compiled", None),
+            )
+        )
+    shapes = [(tuple(t.shape), t.dtype) for t in inputs if isinstance(t, torch.Tensor)]
+    return candidates, f"{shapes}"
+
+
 def benchmark_collective_choices(
     choices: Sequence[Any],
     autotune_args: Any,
@@ -891,23 +1019,9 @@ def benchmark_collective_choices(
     """
     config = config or CollectiveBenchmarkConfig.from_inductor_config()
     group_name = collective_group_name(choices)
-    candidates: list[Candidate] = []
-    for index, choice in enumerate(choices):
-        inputs, output = autotune_args.get_benchmark_tensors(is_extern(choice)).unpack()
-        output.zero_()
-        candidates.append(
-            Candidate(
-                f"{index}:{getattr(choice, 'name', type(choice).__name__)}",
-                _choice_runner(choice, inputs, output),
-                is_default=_is_default_choice(choice) and not any(c.is_default for c in candidates),
-                # Subgraph choices compile lazily on their first run.
-                prepare=getattr(choice, "_ensure_compiled", None),
-            )
-        )
-    shapes = [(tuple(t.shape), t.dtype) for t in inputs if isinstance(t, torch.Tensor)]
-    decision = CollectiveBenchmarker(group_name, config, device_of([*inputs, output])).run(
-        candidates, key=f"{shapes}"
-    )
+    candidates, key = collective_candidates(choices, autotune_args, is_extern=is_extern)
+    inputs, output = autotune_args.get_benchmark_tensors(is_extern(choices[0])).unpack()
+    decision = CollectiveBenchmarker(group_name, config, device_of([*inputs, output])).run(candidates, key=key)
     return {choice: decision.time_ms(candidate.name) for choice, candidate in zip(choices, candidates)}
 
 

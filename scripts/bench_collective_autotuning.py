@@ -1,0 +1,309 @@
+#!/usr/bin/env python3
+"""Compile-time cost and run-time effect of collective autotuning: V1 vs V2, side by side.
+
+V1 tunes each collective custom op while it is lowered (one session per op);
+V2 (``torch._inductor.config.defer_collective_autotuning``, the default) tunes
+all of a graph's collective ops in the scheduler, one session per process
+group, each candidate timed with its pointwise epilogue.  See
+``torch/_inductor/collective_autotuning.py``.
+
+Three tables, from one run of this script (gloo, ``--nproc`` local ranks
+per launch, one process each, rendezvous over env://):
+
+1. **Autotuning overhead** for a graph of 1, 3 and 8 collective ops (each an
+   all_reduce custom op with three implementations: the eager default, a
+   direct all_reduce, reduce_scatter + all_gather; each op followed by a
+   pointwise add), at 2 and 4 ranks, V1 and V2.  Per compile, from the
+   benchmarker's ``counters["collective_autotuning"]``, the slowest rank's:
+
+   - ``pre-syncs``: joins (one per session);
+   - ``total``: autotuning wall time (compiling the candidates + the sessions);
+   - ``compile``: compiling the candidates (local, before the join);
+   - ``timed``: inside the timed runs;
+   - ``warmup``: inside the warmup runs;
+   - ``pre-sync``: inside the joins, which mostly wait for the slowest rank
+     to finish compiling its candidates;
+   - ``round sync``: inside the other synchronizing steps (warmup
+     agreements, exchanges, commits), including the wait for slower ranks;
+   - ``sync V2/V1``: V2's pre-sync + round sync as a share of V1's.
+
+2. **The protocol alone**, for the same ops: ``CollectiveBenchmarker`` driven
+   directly with the three implementations as candidates (already compiled),
+   after a barrier, so that no rank waits for another's compilation: one
+   session per op (V1) against one session for all ops (V2).  Median of 5.
+
+3. **Run time of a tensor-parallel block** ``relu(all_reduce(x @ w) + b)``
+   compiled three ways in the same processes: the eager default
+   implementation of the all_reduce op (no tuning), the V1 choice and the V2
+   choice.  The three are called in turn, ``--runs`` times; median per
+   program, slowest rank, with the winner each path picked.
+
+Usage:
+  python scripts/bench_collective_autotuning.py [--nproc 2,4] [--ops 1,3,8] [--runs 50]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_collective_decisions import rank_env  # noqa: E402
+
+NWARMUP, NRUNS = 3, 10
+COUNTERS = ("presync", "prepare_s", "session_s", "timed_s", "warmup_s", "presync_s", "sync_s")
+
+
+# --- worker (one process per rank) --------------------------------------------------
+def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-autotuning-")
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group_name = dist.group.WORLD.group_name
+    funcol = torch.ops._c10d_functional
+    ran: list[str] = []
+
+    @torch.library.custom_op("bench_autotuning::mark", mutates_args=())
+    def mark(x: torch.Tensor, impl: str) -> torch.Tensor:
+        ran.append(impl)
+        return x.clone()
+
+    @mark.register_fake
+    def _(x, impl):
+        return torch.empty_like(x)
+
+    @torch.library.custom_op("bench_autotuning::all_reduce", mutates_args=())
+    def all_reduce_op(x: torch.Tensor) -> torch.Tensor:
+        out = mark(x, "default")
+        dist.all_reduce(out, group=_resolve_process_group(group_name))
+        return out
+
+    @all_reduce_op.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    def direct(x):
+        return funcol.wait_tensor(funcol.all_reduce(mark(x, "direct"), "sum", group_name))
+
+    def rs_ag(x):
+        shard = funcol.wait_tensor(funcol.reduce_scatter_tensor(mark(x, "rs_ag"), "sum", world, group_name))
+        return funcol.wait_tensor(funcol.all_gather_into_tensor(shard, world, group_name))
+
+    register_custom_op_autotuning(all_reduce_op, configs=[CustomOpConfig(direct), CustomOpConfig(rs_ag)])
+
+    def path_patches(path: str) -> dict:
+        patches = dict(
+            collective_benchmark_nruns=NRUNS,
+            inductor_default_autotune_warmup=NWARMUP,
+            fx_graph_cache=False,
+            autotune_local_cache=False,
+            defer_collective_autotuning=path == "V2",
+        )
+        if path == "default":  # no tuning: the op's eager implementation
+            patches["test_configs.force_custom_op_decomposition"] = False
+        return patches
+
+    report: dict = {"rank": rank}
+
+    if mode == "protocol":
+        from datetime import timedelta
+
+        from torch._inductor.runtime.collective_benchmarking import (
+            Candidate,
+            CollectiveBenchmarkConfig,
+            CollectiveBenchmarker,
+            OpToTune,
+        )
+
+        x = torch.ones(1 << 16)
+
+        def candidates() -> list:
+            return [
+                Candidate("default", lambda: all_reduce_op(x), is_default=True),
+                Candidate("direct", lambda: direct(x)),
+                Candidate("rs_ag", lambda: rs_ag(x)),
+            ]
+
+        ops = [OpToTune(f"op{i}", candidates()) for i in range(nops)]
+        benchmarker = CollectiveBenchmarker(None, CollectiveBenchmarkConfig(timedelta(seconds=60), NWARMUP, NRUNS))
+        benchmarker.run_batch(ops[:1])  # builds the benchmark channel
+        samples = []
+        for _ in range(5):
+            dist.barrier()
+            counters.clear()
+            start = time.perf_counter()
+            for batch in [ops] if path == "V2" else [[op] for op in ops]:
+                benchmarker.run_batch(batch)
+            stats = counters["collective_autotuning"]
+            samples.append({**{name: stats[name] for name in COUNTERS}, "wall_s": time.perf_counter() - start})
+        report.update({name: statistics.median(sample[name] for sample in samples) for name in samples[0]})
+    elif mode == "overhead":
+
+        def program(x):
+            for _ in range(nops):
+                x = all_reduce_op(x) + 1
+            return x
+
+        x = torch.ones(1 << 16) / world
+        with inductor_config.patch(**path_patches(path)):
+            compiled = torch.compile(program)
+            dist.barrier()
+            counters.clear()
+            compiled(x)
+        stats = counters["collective_autotuning"]
+        report.update({name: stats[name] for name in COUNTERS})
+    else:
+        rows, hidden = 256, 1024
+        torch.manual_seed(rank)
+        x = torch.randn(rows, hidden // world)
+        w = torch.randn(hidden // world, hidden)
+        b = torch.randn(hidden)
+
+        # Three copies of one block: each its own code object, hence its own
+        # compiled graph, compiled with the path's settings.
+        def block_default(x, w, b):
+            return torch.relu(all_reduce_op(x @ w) + b)
+
+        def block_v1(x, w, b):
+            return torch.relu(all_reduce_op(x @ w) + b)
+
+        def block_v2(x, w, b):
+            return torch.relu(all_reduce_op(x @ w) + b)
+
+        compiled = {}
+        for name, fn in (("default", block_default), ("V1", block_v1), ("V2", block_v2)):
+            with inductor_config.patch(**path_patches(name)):
+                compiled[name] = torch.compile(fn)
+                compiled[name](x, w, b)
+                ran.clear()
+                compiled[name](x, w, b)
+                report[f"{name}_winner"] = ran[0] if ran else "?"
+        # Interleaved, so that the three share the machine's state.
+        times: dict[str, list[float]] = {name: [] for name in compiled}
+        for _ in range(runs):
+            for name, fn in compiled.items():
+                dist.barrier()
+                start = time.perf_counter()
+                fn(x, w, b)
+                times[name].append((time.perf_counter() - start) * 1e3)
+        report.update({f"{name}_ms": statistics.median(values) for name, values in times.items()})
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+# --- driver ----------------------------------------------------------------------
+def launch(nproc: int, *worker_args: str) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="bench-autotuning-") as out_dir:
+        env = rank_env(nproc)
+        command = [sys.executable, __file__, "--worker", *worker_args, "--out", out_dir]
+        ranks = [
+            subprocess.Popen(
+                command, env={**env, "RANK": str(rank)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
+            for rank in range(nproc)
+        ]
+        errors = [process.communicate(timeout=1200)[1] for process in ranks]
+        reports = [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob("rank*.json"))]
+        if len(reports) != nproc:
+            tail = next((e for e in errors if e), b"").decode(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"{worker_args}: {nproc - len(reports)} ranks failed: " + " | ".join(tail))
+        return reports
+
+
+def overhead_table(nprocs: list[int], op_counts: list[int]) -> None:
+    print("\nAutotuning overhead per compile (slowest rank; seconds unless noted)\n")
+    print("| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | round sync | sync V2/V1 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for nproc in nprocs:
+        for nops in op_counts:
+            rows = {}
+            for path in ("V1", "V2"):
+                reports = launch(nproc, "overhead", path, str(nops), "0")
+                rows[path] = {name: max(report[name] for report in reports) for name in COUNTERS}
+            sync = {path: row["presync_s"] + row["sync_s"] for path, row in rows.items()}
+            for path, row in rows.items():
+                total = row["prepare_s"] + row["session_s"]
+                ratio = "" if path == "V1" else f"{sync['V2'] / sync['V1']:.0%}"
+                print(
+                    f"| {nproc} | {nops} | {path} | {row['presync']:.0f} | {total:.2f} | {row['prepare_s']:.2f} "
+                    f"| {row['timed_s']:.3f} | {row['warmup_s']:.3f} | {row['presync_s']:.3f} | {row['sync_s']:.3f} "
+                    f"| {ratio} |",
+                    flush=True,
+                )
+
+
+def protocol_table(nprocs: list[int], op_counts: list[int]) -> None:
+    print(
+        "\nThe protocol alone: candidates already compiled, ranks entering together (after a barrier); "
+        "median of 5, slowest rank, seconds\n"
+    )
+    print("| ranks | ops | path | pre-syncs | wall | timed | pre-sync | round sync | V2/V1: pre-sync, all sync |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for nproc in nprocs:
+        for nops in op_counts:
+            rows = {path: launch(nproc, "protocol", path, str(nops), "0") for path in ("V1", "V2")}
+            rows = {path: {name: max(r[name] for r in reports) for name in reports[0]} for path, reports in rows.items()}
+            sync = {path: row["presync_s"] + row["sync_s"] for path, row in rows.items()}
+            presync = rows["V2"]["presync_s"] / rows["V1"]["presync_s"]
+            for path, row in rows.items():
+                ratio = "" if path == "V1" else f"{presync:.0%}, {sync['V2'] / sync['V1']:.0%}"
+                print(
+                    f"| {nproc} | {nops} | {path} | {row['presync']:.0f} | {row['wall_s']:.3f} | {row['timed_s']:.3f} "
+                    f"| {row['presync_s']:.4f} | {row['sync_s']:.4f} | {ratio} |",
+                    flush=True,
+                )
+
+
+def block_table(nprocs: list[int], runs: int) -> None:
+    print(
+        f"\nTensor-parallel block relu(all_reduce(x @ w) + b), x 256x(1024/ranks), w (1024/ranks)x1024: "
+        f"median of {runs} calls, the three compiled programs interleaved in one launch, slowest rank\n"
+    )
+    print("| ranks | compiled with | winner | run time (ms) | vs default |")
+    print("| --- | --- | --- | --- | --- |")
+    for nproc in nprocs:
+        reports = launch(nproc, "block", "-", "1", str(runs))
+        default_ms = max(report["default_ms"] for report in reports)
+        for path in ("default", "V1", "V2"):
+            ms = max(report[f"{path}_ms"] for report in reports)
+            print(
+                f"| {nproc} | {path} | {reports[0][f'{path}_winner']} | {ms:.3f} | {ms / default_ms:.2f}x |", flush=True
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", default="2,4", help="comma-separated world sizes")
+    parser.add_argument("--ops", default="1,3,8", help="comma-separated collective op counts")
+    parser.add_argument("--runs", type=int, default=50, help="timed calls of the compiled block")
+    parser.add_argument("--worker", nargs=4, metavar=("MODE", "PATH", "NOPS", "RUNS"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        mode, path, nops, runs = args.worker
+        worker(mode, path, int(nops), int(runs), Path(args.out))
+        return
+    import torch
+
+    nprocs = [int(n) for n in args.nproc.split(",")]
+    print(f"torch {torch.__version__}, gloo, {os.cpu_count()} CPUs, {NWARMUP} warmup + {NRUNS} timed runs per candidate")
+    op_counts = [int(n) for n in args.ops.split(",")]
+    overhead_table(nprocs, op_counts)
+    protocol_table(nprocs, op_counts)
+    block_table(nprocs, args.runs)
+
+
+if __name__ == "__main__":
+    main()

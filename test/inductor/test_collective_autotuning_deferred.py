@@ -1,0 +1,200 @@
+"""What only the deferred path (V2) of collective autotuning does, on CPU/gloo.
+
+``test_collective_autotuning.py`` runs every per-op test under both paths;
+this file checks the scheduler-level behaviour (torch/_inductor/collective_autotuning.py):
+
+* One pre-sync per process group per graph: a graph with four collective
+  autotuned ops, three over the world and one over a second group, joins
+  twice under V2 and four times under V1, counted by the benchmarker
+  (``counters["collective_autotuning"]["presync"]``).  Every op's winner is
+  asserted on every rank, and the result exactly.
+* Fusion-aware choice: a candidate that is slower alone (it sleeps) but whose
+  pointwise tail fuses with the op's epilogue, saving a pass over a large
+  tensor.  V1 times it alone and keeps the default; V2 times every candidate
+  with the epilogue and picks it; the generated code shows the tail and the
+  epilogue in one kernel, and both results are correct.
+* Mismatched node lists: ranks that compiled different graphs (here one more
+  collective op on rank 0) raise the same ``CollectiveBenchmarkError`` at the
+  pre-sync, on every rank, within the timeout; none falls back alone.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch._inductor.utils import run_and_get_code
+from torch.testing import FileCheck
+from torch.testing._internal.common_utils import run_tests
+
+from test_collective_autotuning import (
+    DELAY_MS,
+    HANG_BOUND_S,
+    NRUNS,
+    NWARMUP,
+    RAN,
+    SLOW_MS,
+    SpawnedRanksTestCase,
+    _group,
+    _group_name,
+    _wait,
+    all_reduce_op,
+    all_reduce_direct,
+    all_reduce_rs_ag,
+    funcol,
+    probe,
+    tuning_config,
+    tp_all_reduce_direct,
+    tp_all_reduce_op,
+    tp_all_reduce_rs_ag,
+)
+
+# The fusion case: an all_reduce of a column, broadcast to WIDTH columns
+# (64 MB).  Unfused, the broadcast is written, then read and written again by
+# the epilogue; fused, the output is written once: the two passes saved cost
+# several times FUSED_TAIL_MS, by which the fusing candidate is slower alone.
+ROWS = 4096
+WIDTH = 4096
+FUSED_TAIL_MS = 15.0
+
+
+@torch.library.custom_op("collective_autotune_test::broadcast_sum", mutates_args=())
+def broadcast_sum_op(x: torch.Tensor, width: int) -> torch.Tensor:
+    out = probe(x, "default")
+    dist.all_reduce(out, group=_group())
+    return out.expand(x.shape[0], width).clone()
+
+
+@broadcast_sum_op.register_fake
+def _(x: torch.Tensor, width: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], width))
+
+
+def broadcast_sum_fused_tail(x, width):
+    # The broadcast is a pointwise op of the compiled graph: once inlined, it
+    # fuses with a pointwise epilogue, and the output is written once.
+    total = _wait(funcol.all_reduce(probe(x, "fused_tail"), "sum", _group_name()))
+    return total.expand(x.shape[0], width).clone()
+
+
+class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
+    WORLD_SIZE = 2
+    TIMEOUT_S = 10.0
+
+    def _config(self, defer: bool):
+        return tuning_config(defer, collective_benchmark_timeout=self.TIMEOUT_S)
+
+    def _ran_everywhere(self, ran_here: list[str]) -> list[list[str]]:
+        gathered: list = [None] * self.world_size
+        dist.all_gather_object(gathered, ran_here)
+        return gathered
+
+    def test_one_presync_per_group_per_graph(self):
+        self._init_process_group()
+        # Same ranks, another group: its ops form a session of their own.
+        tp_group = dist.new_group(list(range(self.world_size)))
+        register_custom_op_autotuning(
+            all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
+        )
+        register_custom_op_autotuning(
+            tp_all_reduce_op, configs=[CustomOpConfig(tp_all_reduce_direct), CustomOpConfig(tp_all_reduce_rs_ag)]
+        )
+        DELAY_MS.clear()
+        DELAY_MS.update({"default": SLOW_MS, "direct": SLOW_MS})  # rs_ag wins everywhere
+
+        def program(x):
+            a = all_reduce_op(x) + 1
+            b = all_reduce_op(a * 2)
+            c = tp_all_reduce_op(b, tp_group.group_name)
+            return all_reduce_op(c - 3)
+
+        x = torch.full((24, 8), float(self.rank + 1))
+        world = self.world_size
+        a = sum(r + 1 for r in range(world)) + 1
+        expected = torch.full((24, 8), float(world * (world * world * 2 * a - 3)))
+        presyncs = {}
+        for defer in (False, True):
+            torch._dynamo.reset()
+            counters.clear()
+            with self._config(defer):
+                compiled = torch.compile(program)
+                compiled(x)
+                presyncs[defer] = counters["collective_autotuning"]["presync"]
+                self.assertEqual(counters["collective_autotuning"]["ops"], 4)
+                RAN.clear()
+                result = compiled(x)
+            self.assertEqual(self._ran_everywhere(list(RAN)), [["rs_ag"] * 4] * world)
+            torch.testing.assert_close(result, expected, rtol=0, atol=0)
+        self.assertEqual(presyncs, {False: 4, True: 2})
+        dist.destroy_process_group()
+
+    def test_choice_weighs_the_fused_epilogue(self):
+        self._init_process_group()
+        torch.set_num_threads(1)  # two ranks on two cores: timings without oversubscription
+        register_custom_op_autotuning(broadcast_sum_op, configs=[CustomOpConfig(broadcast_sum_fused_tail)])
+        DELAY_MS.clear()
+        DELAY_MS["fused_tail"] = FUSED_TAIL_MS
+        bias = torch.linspace(-3 * self.world_size, 3 * self.world_size, WIDTH)
+
+        def program(x):
+            return torch.relu(broadcast_sum_op(x, WIDTH) + bias)
+
+        x = torch.arange(ROWS, dtype=torch.float32).view(ROWS, 1) * (self.rank + 1) / ROWS
+        expected = torch.relu(x / (self.rank + 1) * sum(r + 1 for r in range(self.world_size)) + bias)
+        winners, codes = {}, {}
+        for defer in (False, True):
+            torch._dynamo.reset()
+            with self._config(defer):
+                compiled = torch.compile(program)
+                result, codes[defer] = run_and_get_code(compiled, x)
+                RAN.clear()
+                compiled(x)
+            torch.testing.assert_close(result, expected)
+            (winners[defer],) = RAN
+            self.assertEqual(self._ran_everywhere(list(RAN)), [[winners[defer]]] * self.world_size)
+        self.assertEqual(winners, {False: "default", True: "fused_tail"})
+        # The program's own module is compiled last, after the candidates'
+        # benchmark modules.  V2: after the candidate's all_reduce, one kernel
+        # computes the broadcast (the candidate's tail), the add and the relu
+        # (the epilogue).  V1: the eager op, then the epilogue's own kernel.
+        v2_program, v1_program = codes[True][-1], codes[False][-1]
+        FileCheck().check("def call").check("_c10d_functional.all_reduce_").check(
+            "_c10d_functional.wait_tensor"
+        ).check_regex(r"cpp_fused_add_broadcast_sum_relu_\d+\(").check("return").run(v2_program)
+        call = v2_program[v2_program.index("def call") :]
+        after_collective = call[call.index("wait_tensor") : call.index("return")]
+        self.assertEqual(len(re.findall(r"cpp_fused_\w+\(", after_collective)), 1, after_collective)
+        FileCheck().check("def call").check("collective_autotune_test.broadcast_sum.default(").check_regex(
+            r"cpp_fused_add_relu_\d+\("
+        ).run(v1_program)
+        dist.destroy_process_group()
+
+    def test_mismatched_node_lists_fail_on_every_rank(self):
+        self._init_process_group()
+        register_custom_op_autotuning(
+            all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
+        )
+        DELAY_MS.clear()
+
+        def two_ops(x):
+            return all_reduce_op(all_reduce_op(x) + 1)
+
+        def one_op(x):
+            return all_reduce_op(x) + 1
+
+        start = time.monotonic()
+        with self._config(True), self.assertRaisesRegex(
+            Exception,
+            r"not tuning the same ops \(op counts by rank: \[2, 1\]; they first differ at op 1",
+        ):
+            torch.compile(two_ops if self.rank == 0 else one_op)(torch.ones(24, 8))
+        self.assertLess(time.monotonic() - start, HANG_BOUND_S)
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,401 @@
+"""Deferred autotuning of custom ops whose implementations contain collectives.
+
+Two paths
+---------
+A custom op registered with ``register_custom_op_autotuning`` is tuned when
+Inductor lowers it.  When its implementations contain collectives, every rank
+of the op's process group must benchmark them together and pick the same one
+(see ``torch/_inductor/runtime/collective_benchmarking.py`` for the protocol).
+Inductor can do this at two points:
+
+* **At lowering (V1).**  ``select_algorithm`` benchmarks the op on the spot, in
+  a session of its own, and the winner's graph is inlined.  A graph with ``n``
+  such ops pays ``n`` joins, and each choice is timed alone, blind to the
+  pointwise ops that follow it and that it may fuse with.
+* **In the scheduler (V2, this module).**  The lowering returns a
+  :class:`~torch._inductor.ir.CollectiveMultiTemplateBuffer` holding every
+  candidate, the eager default included.  When the scheduler is built, before
+  any scheduler node exists, :func:`finalize_collective_multi_template_buffers`
+  collects these nodes, runs one session per process group (one pre-sync,
+  which also checks that every rank holds the same ordered list of nodes), and
+  benchmarks the group's nodes as one batch.  Each candidate is timed together
+  with the node's pointwise *epilogue*: the chain of pointwise single users
+  that follows it in the graph.  A candidate whose tail fuses with that
+  epilogue is timed fused, so the choice is made on what the program will
+  run.  The winner's graph is then inlined in place of the node, and ordinary
+  fusion fuses its tail with the epilogue.
+
+``torch._inductor.config.defer_collective_autotuning`` (env
+``TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING``, on by default) selects V2.  V1
+still applies when it is off, to range-based custom op autotuning (whose
+dispatch needs a winner per range at lowering), and under
+``test_configs.force_custom_op_decomposition``.
+
+Why before fusion, not in ``finalize_multi_template_buffers``
+-------------------------------------------------------------
+``Scheduler.finalize_multi_template_buffers`` runs after fusion: a template
+choice can be swapped in under an already fused kernel because a template
+renders its own kernel.  A collective choice is a graph of ops, and its tail
+fuses with the epilogue only if those ops exist when fusion runs.  The
+collective nodes are therefore finalized at the start of scheduling, from the
+graph's operations, which is also the last point where every rank holds the
+whole list of them.
+
+Agreement
+---------
+Every rank builds the same list from the same program, so the per-group node
+lists agree unless the programs differ (a recompilation on one rank, a
+different graph break, cache skew).  The pre-sync compares a compact key per
+node (the op, its input shapes, its candidates and its epilogue); when the
+lists differ, every rank of the group raises ``CollectiveBenchmarkError``
+naming the first differing node, within the benchmark timeout; none falls
+back alone.  Groups are finalized in the order of their names, the same on
+every rank, so a rank that is a member of several groups cannot wait for a
+peer that waits for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._inductor import config, ir
+from torch._inductor.runtime.collective_benchmarking import (
+    Candidate,
+    CollectiveBenchmarkConfig,
+    CollectiveBenchmarker,
+    OpToTune,
+    collective_candidates,
+    collective_group_name,
+    resolve_group,
+    select_winner,
+)
+from torch._inductor.utils import convert_shape_to_inductor
+from torch._inductor.virtualized import V
+
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "defer_collective_choices",
+    "deferral_enabled",
+    "finalize_collective_multi_template_buffers",
+]
+
+
+def deferral_enabled() -> bool:
+    """Whether collective choices are left to the scheduler (V2) in this compile."""
+    return bool(config.defer_collective_autotuning) and config.test_configs.force_custom_op_decomposition is None
+
+
+def defer_collective_choices(
+    name: str,
+    choices: Sequence[Any],
+    inputs: Sequence[ir.IRNode],
+    input_gen_fns: dict[int, Callable[[Any], torch.Tensor]] | None,
+    min_speedup_threshold: float = 1.0,
+) -> ir.TensorBox:
+    """The lowering of a collective custom op under V2: a node holding every choice.
+
+    Called while lowering the op's FX node (``V.graph.current_node``), which
+    the scheduler uses to find the op's pointwise epilogue.  ``choices`` are
+    the op's ``ChoiceCaller``s, the eager default included.
+    """
+    buffer = ir.CollectiveMultiTemplateBuffer(
+        choices[0].layout,
+        list(inputs),
+        list(choices),
+        op_name=name,
+        input_gen_fns=input_gen_fns or {},
+        fx_node=V.graph.current_node,
+        min_speedup_threshold=min_speedup_threshold,
+    )
+    return ir.TensorBox.create(buffer)
+
+
+def finalize_collective_multi_template_buffers(operations: list[ir.Operation]) -> list[ir.Operation]:
+    """Pick and inline the agreed winner of every collective node of the graph.
+
+    Every rank of each node's process group must call it, when it builds the
+    scheduler for the same program.  Returns the graph's operations with each
+    :class:`~torch._inductor.ir.CollectiveMultiTemplateBuffer` replaced, in
+    place, by the operations of its winner (the eager default when no
+    candidate qualified on every rank).  Raises ``CollectiveBenchmarkError``
+    on every healthy rank of a group when a member is lost or the members hold
+    different nodes.
+    """
+    nodes = [op for op in operations if isinstance(op, ir.CollectiveMultiTemplateBuffer)]
+    if not nodes:
+        return operations
+    by_group: dict[str, list[ir.CollectiveMultiTemplateBuffer]] = {}
+    for node in nodes:
+        # A node whose candidates name no group (only the eager default
+        # communicates) runs on the default group.
+        group_name = collective_group_name(node.choices) or resolve_group(None).group_name
+        by_group.setdefault(group_name, []).append(node)
+    benchmark_config = CollectiveBenchmarkConfig.from_inductor_config()
+    winners = {}
+    for group_name in sorted(by_group):
+        group_nodes = by_group[group_name]
+        ops = [_op_to_tune(node) for node in group_nodes]
+        benchmarker = CollectiveBenchmarker(group_name, benchmark_config, group_nodes[0].get_device())
+        decisions = benchmarker.run_batch(ops)
+        for node, op, decision in zip(group_nodes, ops, decisions):
+            timings = {choice: decision.time_ms(c.name) for choice, c in zip(node.choices, op.candidates)}
+            default = next(choice for choice, c in zip(node.choices, op.candidates) if c.is_default)
+            winner = select_winner(timings, node.choices, benchmark_config.tie_tolerance)
+            if winner is None:  # nothing qualified on every rank
+                winner = default
+            winner = _apply_speedup_threshold(winner, default, timings, node.min_speedup_threshold)
+            winners[node.get_name()] = _report(node, winner, timings)
+    # Inline every winner first and splice afterwards: operation names come
+    # from the length of V.graph.operations, which must not shrink while ops
+    # are still being registered.
+    replacements = [(node, *_inline_winner(node, winners[node.get_name()])) for node in nodes]
+    for node, new_ops, out_buffer in replacements:
+        _splice(node, new_ops, out_buffer)
+    return V.graph.operations
+
+
+# --- candidates with their epilogue --------------------------------------------------
+@dataclasses.dataclass
+class _Epilogue:
+    """The pointwise single-user chain after a collective node, as a graph of its own."""
+
+    gm: torch.fx.GraphModule  # (node output, *extra inputs) -> epilogue output
+    extra_inputs: list[ir.IRNode]
+    layout: ir.FixedLayout
+    key: str
+
+    @staticmethod
+    def find(node: ir.CollectiveMultiTemplateBuffer) -> _Epilogue | None:
+        fx_node = node.fx_node
+        if fx_node is None:
+            return None
+        chain: list[torch.fx.Node] = []
+        extras: dict[torch.fx.Node, ir.IRNode] = {}
+        current = fx_node
+        while len(current.users) == 1:
+            (user,) = current.users
+            if not (
+                user.op == "call_function"
+                and isinstance(user.target, torch._ops.OpOverload)
+                and torch.Tag.pointwise in user.target.tags
+                and isinstance(user.meta.get("val"), torch.Tensor)
+            ):
+                break
+            new_extras = {arg: _lowered_input(arg) for arg in user.all_input_nodes if arg is not current}
+            if any(value is None for value in new_extras.values()):
+                break
+            extras.update({arg: value for arg, value in new_extras.items() if arg not in extras})
+            chain.append(user)
+            current = user
+        if not chain:
+            return None
+        graph = torch.fx.Graph()
+        env = {fx_node: graph.placeholder("collective_output")}
+        for i, arg in enumerate(extras):
+            env[arg] = graph.placeholder(f"epilogue_input_{i}")
+        for user in chain:
+            env[user] = graph.node_copy(user, lambda arg: env[arg])
+        graph.output(env[chain[-1]])
+        value = chain[-1].meta["val"]
+        layout = ir.FixedLayout(
+            device=value.device,
+            dtype=value.dtype,
+            size=convert_shape_to_inductor(value.shape),
+            stride=convert_shape_to_inductor(value.stride()),
+        )
+        key = "+".join(str(user.target) for user in chain)
+        return _Epilogue(torch.fx.GraphModule(torch.nn.Module(), graph), list(extras.values()), layout, key)
+
+
+def _lowered_input(arg: torch.fx.Node) -> ir.IRNode | None:
+    # An epilogue's other inputs become benchmark inputs, so they must be
+    # buffers that exist before the op: graph inputs, or values the lowering
+    # still holds (the FX interpreter frees a value after its last use).
+    if arg.op == "placeholder":
+        value = V.graph.graph_inputs.get(str(arg.target))
+    else:
+        value = V.graph.env.get(arg)
+    if value is None or not ir.is_storage_and_layout(value):
+        return None
+    return value
+
+
+def _trace(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch._inductor.decomposition import select_decomp_table
+
+    return make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+
+
+def _with_epilogue_caller(choice: Any, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue) -> Any:
+    """A subgraph choice that runs ``choice`` (``None``: nothing) and then the epilogue."""
+    from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
+
+    if choice is None:
+        inputs: list[Any] = [ir.TensorBox.create(node)]
+
+        def run(out: torch.Tensor, *extra: torch.Tensor) -> Any:
+            return torch.fx.Interpreter(epilogue.gm).run(out, *extra)
+
+        name = f"{node.op_name}_epilogue"
+    else:
+        inputs = list(choice.input_nodes)
+        count = len(inputs)
+
+        def run(*args: torch.Tensor) -> Any:
+            out = torch.fx.Interpreter(choice.gm).run(*args[:count])
+            return torch.fx.Interpreter(epilogue.gm).run(out, *args[count:])
+
+        name = f"{choice.name}_with_epilogue"
+    return SubgraphChoiceCaller(
+        name=name,
+        input_nodes=[*inputs, *epilogue.extra_inputs],
+        layout=epilogue.layout,
+        description=f"{name} ({epilogue.key})",
+        make_fx_graph=functools.partial(_trace, run),
+    )
+
+
+def _op_to_tune(node: ir.CollectiveMultiTemplateBuffer) -> OpToTune:
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    args = AlgorithmSelectorCache.get_inputs(node.choices, list(node.original_inputs), node.layout, node.input_gen_fns)
+    candidates, key = collective_candidates(node.choices, args, is_extern=AlgorithmSelectorCache._is_extern)
+    epilogue = _Epilogue.find(node)
+    if epilogue is not None:
+        candidates = _time_with_epilogue(node, candidates, args, epilogue)
+        key = f"{key} then {epilogue.key}"
+    return OpToTune(f"{node.op_name} {key}", candidates)
+
+
+def _time_with_epilogue(
+    node: ir.CollectiveMultiTemplateBuffer,
+    candidates: list[Candidate],
+    args: Any,
+    epilogue: _Epilogue,
+) -> list[Candidate]:
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    inputs, _ = args.get_benchmark_tensors(True).unpack()
+    extras = [AlgorithmSelectorCache.benchmark_example_value(value) for value in epilogue.extra_inputs]
+    epilogue_out = AlgorithmSelectorCache.benchmark_example_value(epilogue.layout)
+    epilogue_only = None
+    timed = []
+    for choice, candidate in zip(node.choices, candidates):
+        if getattr(choice, "gm", None) is not None:
+            # Compiled together: the candidate's tail fuses with the epilogue
+            # exactly as it will once the winner is inlined.
+            fused = _with_epilogue_caller(choice, node, epilogue)
+
+            def fn(fused: Any = fused) -> Any:
+                return fused.benchmark_collective(*inputs, *extras, out=epilogue_out)
+
+            prepare = fused._ensure_compiled
+        else:
+            if epilogue_only is None:
+                epilogue_only = _with_epilogue_caller(None, node, epilogue)
+            alone = epilogue_only
+
+            def fn(run: Callable[[], Any] = candidate.fn, alone: Any = alone) -> Any:
+                out = run()
+                out = out if isinstance(out, torch.Tensor) else out[0]
+                return alone.benchmark_collective(out, *extras, out=epilogue_out)
+
+            prepare = _both(candidate.prepare, alone._ensure_compiled)
+        timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
+    return timed
+
+
+def _both(first: Callable[[], Any] | None, second: Callable[[], Any]) -> Callable[[], None]:
+    def prepare() -> None:
+        if first is not None:
+            first()
+        second()
+
+    return prepare
+
+
+def _apply_speedup_threshold(winner: Any, default: Any, timings: dict[Any, float], threshold: float) -> Any:
+    # The rule of autotune_select_algorithm's min_speedup_threshold: a
+    # decomposition must beat the eager default by the given factor.
+    if winner is default or threshold <= 1.0 or timings[default] / timings[winner] >= threshold:
+        return winner
+    return default
+
+
+def _report(node: ir.CollectiveMultiTemplateBuffer, winner: Any, timings: dict[Any, float]) -> Any:
+    # The hooks autotune_select_algorithm calls after benchmarking, so that
+    # tools built on them see both paths alike.  The timings are the agreed
+    # ones (with the epilogue under this path), the same on every rank.
+    from torch._inductor.select_algorithm import get_algorithm_selector_cache
+
+    def profiled_time_fn(choices_override: Any = None) -> dict[Any, float]:
+        raise NotImplementedError("collective choices are only timed by their whole group, in lock-step")
+
+    for feedback in get_algorithm_selector_cache().feedback_saver_fns:
+        feedback(timings, node.op_name, list(node.original_inputs), node.choices, profiled_time_fn, {})
+    return V.choices.override_best_choice(winner, timings)
+
+
+# --- replacing a node with its winner ----------------------------------------------
+def _inline_winner(node: ir.CollectiveMultiTemplateBuffer, winner: Any) -> tuple[list[ir.Operation], ir.Buffer]:
+    from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
+
+    registered = len(V.graph.operations)
+    # Lowering code reads the FX node being lowered; outside of lowering it is
+    # the node's own.
+    with ir.IRNode.current_origins(node.origins), V.set_current_node(node.fx_node):
+        if getattr(winner, "gm", None) is not None:
+            result = inline_subgraph_to_ir_nodes(winner.gm, list(node.original_inputs), node.op_name)
+            out_buffer = _materialize(result, node.layout)
+            if winner.config_patches:
+                for op in V.graph.operations[registered:]:
+                    op.set_config_patches(winner.config_patches.copy())
+        else:
+            out_buffer = winner.output_node().data.data
+            out_buffer.layout = node.layout
+    log.debug("collective node %s: inlined %s", node.get_name(), getattr(winner, "name", winner))
+    return V.graph.operations[registered:], out_buffer
+
+
+def _materialize(result: ir.TensorBox, layout: ir.Layout) -> ir.ComputedBuffer:
+    # A pointwise copy into the node's layout.  When the winner ends in a
+    # pointwise op (not yet realized), the copy *is* that op, and it fuses
+    # with the epilogue like any pointwise node.
+    buffer = ir.ComputedBuffer(
+        name=None,
+        layout=layout,
+        data=ir.Pointwise(
+            device=layout.device, dtype=layout.dtype, inner_fn=result.make_loader(), ranges=list(layout.size)
+        ),
+    )
+    buffer.name = V.graph.register_buffer(buffer)
+    V.graph.register_operation(buffer)
+    return buffer
+
+
+def _splice(node: ir.CollectiveMultiTemplateBuffer, new_ops: list[ir.Operation], out_buffer: ir.Buffer) -> None:
+    # The winner's operations take the node's place in program order (comm
+    # ordering depends on it) and its output takes the node's names (users,
+    # graph outputs and the wrapper refer to the node by name).
+    graph = V.graph
+    for op in new_ops:
+        graph.operations.remove(op)
+    del graph.name_to_buffer[out_buffer.get_name()]
+    del graph.name_to_op[out_buffer.get_operation_name()]
+    out_buffer.name = node.get_name()
+    out_buffer.operation_name = node.get_operation_name()
+    graph.name_to_buffer[out_buffer.name] = out_buffer
+    graph.name_to_op[out_buffer.operation_name] = out_buffer
+    graph.buffers.remove(out_buffer)
+    graph.buffers[graph.buffers.index(node)] = out_buffer
+    position = graph.operations.index(node)
+    graph.operations[position : position + 1] = new_ops
