@@ -117,6 +117,7 @@ dispatch state, so disabling it is both correct and scoped.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import enum
 import hashlib
@@ -551,6 +552,15 @@ class _GroupState:
 
 
 _group_states: dict[str, _GroupState] = {}
+
+
+@atexit.register
+def _release_channels() -> None:
+    # Benchmark channels are process groups that destroy_process_group() does
+    # not know about.  Release them while the interpreter is still alive: a
+    # gloo worker thread that drops a tensor during interpreter finalization
+    # needs the GIL and aborts the process (pytorch/pytorch#190489).
+    _group_states.clear()
 
 
 def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
