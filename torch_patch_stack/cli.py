@@ -1,14 +1,18 @@
 """``python scripts/patchstack.py <command>``: the patch stack's command line.
 
+The base release is the one ``patches/series`` names (``# base: torch==X.Y.Z``).
+
 Commands (run ``--help`` on each for options):
 
   check         patches/ is exactly what export would write, and every patch
-                applies exactly (no offset, no fuzz) to pristine torch 2.13.0
+                applies exactly (no offset, no fuzz) to the pristine base
   queue         materialize the patch queue (git, one commit per patch)
-  export        write the queue's commits back to patches/
+  export        write the queue's commits back to patches/ (and its base to series)
+  rebase        replay the queue onto another torch release (three-way merges;
+                --continue / --abort after a conflict)
   build         build the patched wheel from the official wheel
   status        which patch stack the installed torch carries
-  apply-source  commit the stack onto a PyTorch v2.13.0 git checkout
+  apply-source  commit the stack onto a PyTorch git checkout at the base release
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from . import STACK_NAME
-from . import pristine, queue, series, source, unified_diff, wheel
+from . import pristine, queue, rebase, series, source, unified_diff, wheel
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -35,10 +39,16 @@ class Layout:
         self.overlay = root / "torch_overlay"
         self.build = root / "build"
 
-    def pristine_tree(self, wheel_path: str | None) -> Path:
-        official = pristine.find_official_wheel(self.build, wheel_path)
-        version = pristine.wheel_version(official)
-        return pristine.extract_python_tree(official, self.build / f"pristine-{version}")
+    @property
+    def base(self) -> str:
+        """The torch release patches/series applies to."""
+        return series.read_base(self.patches)
+
+    def pristine_tree(self, wheel_path: str | None, base: str | None = None) -> Path:
+        """The Python files of release ``base`` (default: the series' base), extracted once."""
+        base = base or self.base
+        official = pristine.find_official_wheel(self.build, base, wheel_path)
+        return pristine.extract_python_tree(official, base, self.build / f"pristine-{base}")
 
 
 def _drift_report(expected: Path, actual: Path) -> list[str]:
@@ -62,18 +72,19 @@ def _drift_report(expected: Path, actual: Path) -> list[str]:
 def cmd_check(args, layout: Layout) -> int:
     patches = series.read_series(layout.patches)
     source.overlay_by_patch(patches, layout.overlay)
-    pristine_tree = layout.pristine_tree(args.wheel)
+    base = layout.base
+    pristine_tree = layout.pristine_tree(args.wheel, base)
     with tempfile.TemporaryDirectory(prefix="patchstack-check-") as tmp:
         queue_dir, exported = Path(tmp) / "queue", Path(tmp) / "exported"
-        queue.materialize(queue_dir, pristine_tree, patches)
-        queue.write_patches(exported, queue.export(queue_dir))
+        queue.materialize(queue_dir, pristine_tree, patches, base)
+        queue.write_patches(exported, queue.export(queue_dir), queue.queue_base(queue_dir))
         problems = _drift_report(exported, layout.patches)
     if problems:
         print("patchstack check: FAILED\n" + "\n".join(problems), file=sys.stderr)
         print("Re-export from the queue: python scripts/patchstack.py queue && "
               "python scripts/patchstack.py export", file=sys.stderr)
         return 1
-    print(f"patchstack check: OK ({len(patches)} patches apply exactly to {pristine_tree.name}; "
+    print(f"patchstack check: OK ({len(patches)} patches apply exactly to pristine torch {base}; "
           "patches/ matches its export)")
     return 0
 
@@ -81,13 +92,18 @@ def cmd_check(args, layout: Layout) -> int:
 def cmd_queue(args, layout: Layout) -> int:
     queue_dir = Path(args.dir)
     if queue_dir.exists() and not args.force:
+        if rebase.in_progress(queue_dir):
+            print(f"a rebase is in progress in {queue_dir}: rebase --continue or --abort, or pass --force",
+                  file=sys.stderr)
+            return 1
         ahead = queue.git(queue_dir, "status", "--porcelain").strip()
         exported = queue.export(queue_dir) if (queue_dir / ".git").exists() else []
         if ahead or [p.render() for p in exported] != [p.render() for p in series.read_series(layout.patches)]:
             print(f"{queue_dir} holds changes not exported to patches/; export them or pass --force",
                   file=sys.stderr)
             return 1
-    queue.materialize(queue_dir, layout.pristine_tree(args.wheel), series.read_series(layout.patches))
+    base = layout.base
+    queue.materialize(queue_dir, layout.pristine_tree(args.wheel, base), series.read_series(layout.patches), base)
     print(f"patch queue ready in {queue_dir} (branch 'queue', base tag 'pristine'); "
           "edit with git, then: python scripts/patchstack.py export")
     return 0
@@ -95,17 +111,52 @@ def cmd_queue(args, layout: Layout) -> int:
 
 def cmd_export(args, layout: Layout) -> int:
     queue_dir = Path(args.dir)
+    if rebase.in_progress(queue_dir):
+        print(f"a rebase is in progress in {queue_dir}: rebase --continue or --abort first", file=sys.stderr)
+        return 1
     if queue.git(queue_dir, "status", "--porcelain", "--untracked-files=no").strip():
         print(f"{queue_dir} has uncommitted changes; commit them first", file=sys.stderr)
         return 1
     patches = queue.export(queue_dir)
-    queue.write_patches(layout.patches, patches)
-    print(f"exported {len(patches)} patches to {layout.patches}")
+    base = queue.queue_base(queue_dir)
+    queue.write_patches(layout.patches, patches, base)
+    print(f"exported {len(patches)} patches onto torch {base} to {layout.patches}")
     return 0
 
 
+def cmd_rebase(args, layout: Layout) -> int:
+    queue_dir = Path(args.dir)
+    if args.abort:
+        restored = rebase.abort(queue_dir)
+        print(f"rebase aborted; {queue_dir} is back on torch {restored} as it was")
+        return 0
+    if args.resume:
+        outcome = rebase.resume(queue_dir)
+    else:
+        # Everything that can refuse is checked before the queue is touched.
+        pristine.require_release_version(args.onto)
+        if rebase.in_progress(queue_dir):
+            raise rebase.RebaseError(f"a rebase is already in progress in {queue_dir}: use --continue or --abort")
+        if (queue_dir / ".git").exists():
+            if queue.git(queue_dir, "status", "--porcelain", "--untracked-files=no").strip():
+                raise rebase.RebaseError(
+                    f"{queue_dir} has uncommitted changes; commit and export them, or discard them "
+                    "(queue --force), first; nothing was changed"
+                )
+            rebase.check_series_matches_queue(queue_dir, layout.patches)
+        if args.onto == layout.base:
+            raise rebase.RebaseError(f"patches/series is already on torch {args.onto}; nothing was changed")
+        target = layout.pristine_tree(args.wheel, args.onto)
+        if not (queue_dir / ".git").exists():
+            base = layout.base
+            queue.materialize(queue_dir, layout.pristine_tree(None, base), series.read_series(layout.patches), base)
+        outcome = rebase.start(queue_dir, args.onto, target)
+    print(outcome.render(queue_dir))
+    return 0 if outcome.finished else 2
+
+
 def cmd_build(args, layout: Layout) -> int:
-    official = pristine.find_official_wheel(layout.build, args.wheel)
+    official = pristine.find_official_wheel(layout.build, layout.base, args.wheel)
     built = wheel.build(official, layout.patches, layout.overlay, Path(args.out))
     print(built)
     return 0
@@ -160,9 +211,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repo", default=str(REPO_ROOT), help="repository root (default: this checkout)")
     commands = parser.add_subparsers(dest="command", required=True)
-    wheel_help = "official torch 2.13.0 wheel (default: $TORCH_PATCH_STACK_WHEEL, build/wheels, pip download)"
+    wheel_help = ("official torch wheel of the series' base release (default: $TORCH_PATCH_STACK_WHEEL, "
+                  "build/wheels, pip download)")
 
-    check = commands.add_parser("check", help="verify patches/ against pristine torch 2.13.0")
+    check = commands.add_parser("check", help="verify patches/ against the pristine base release")
     check.add_argument("--wheel", help=wheel_help)
     check.set_defaults(run=cmd_check)
 
@@ -176,6 +228,22 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--dir", default=str(REPO_ROOT / "build/queue"))
     export.set_defaults(run=cmd_export)
 
+    rebase_cmd = commands.add_parser(
+        "rebase", help="replay the queue onto another torch release",
+        description="Replay the patch queue onto the pristine files of another torch release with "
+                    "three-way merges.  Exit status 0: done (then export); 2: stopped at a conflict "
+                    "that a person resolves in the queue (edit, git add), then --continue; 1: error, "
+                    "nothing changed.",
+    )
+    action = rebase_cmd.add_mutually_exclusive_group(required=True)
+    action.add_argument("--onto", metavar="VERSION", help="the release to move to, e.g. 2.15.0")
+    action.add_argument("--continue", dest="resume", action="store_true",
+                        help="go on after resolving the conflicts of the patch it stopped at")
+    action.add_argument("--abort", action="store_true", help="restore the queue as it was before the rebase")
+    rebase_cmd.add_argument("--dir", default=str(REPO_ROOT / "build/queue"))
+    rebase_cmd.add_argument("--wheel", help="official torch wheel of VERSION (default: build/wheels, pip download)")
+    rebase_cmd.set_defaults(run=cmd_rebase)
+
     build = commands.add_parser("build", help="build the patched wheel")
     build.add_argument("--wheel", help=wheel_help)
     build.add_argument("--out", default=str(REPO_ROOT / "build/dist"))
@@ -187,14 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     status.set_defaults(run=cmd_status)
 
     apply_source = commands.add_parser("apply-source", help="commit the stack onto a PyTorch checkout")
-    apply_source.add_argument("checkout", help="PyTorch git checkout at v2.13.0, clean")
+    apply_source.add_argument("checkout", help="clean PyTorch git checkout at the series' base release")
     apply_source.set_defaults(run=cmd_apply_source)
 
     args = parser.parse_args(argv)
     layout = Layout(Path(args.repo).resolve())
     try:
         return args.run(args, layout)
-    except (pristine.BaseVersionError, series.SeriesError, unified_diff.PatchError,
+    except (pristine.BaseVersionError, rebase.RebaseError, series.SeriesError, unified_diff.PatchError,
             FileNotFoundError, RuntimeError) as error:
         print(f"patchstack {args.command}: error: {error}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ never merged anywhere: like ``gbp pq`` it is rebuilt from the files at will.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from . import series as series_mod
 from . import unified_diff
+from .pristine import PRISTINE_STAMP, release, version_in_version_py
 
 _GIT_IDENTITY = [
     "-c", "user.name=patchstack", "-c", "user.email=patchstack@localhost",
@@ -28,10 +30,17 @@ _DIFF_ARGS = [
 ]
 
 
-def git(cwd: Path, *args: str) -> str:
-    result = subprocess.run(
-        ["git", *_GIT_IDENTITY, *args], cwd=cwd, check=False, text=True, capture_output=True
+def run_git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run git in ``cwd`` with the queue's identity; the caller reads the exit status."""
+    return subprocess.run(
+        ["git", *_GIT_IDENTITY, *args], cwd=cwd, check=False, text=True, capture_output=True,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run git in ``cwd``; its stdout, or RuntimeError with its stderr."""
+    result = run_git(cwd, *args, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"git {' '.join(args)} failed in {cwd}:\n{result.stderr}")
     return result.stdout
@@ -74,19 +83,34 @@ def apply_patch_to_tree(tree: Path, patch: series_mod.Patch) -> list[str]:
     return list(updated)
 
 
-def materialize(dest: Path, pristine: Path, patches: list[series_mod.Patch]) -> None:
-    """Create the queue at ``dest`` (replacing any previous queue)."""
+def pristine_message(base: str) -> str:
+    return f"pristine torch {base} python files (base of the series)"
+
+
+def materialize(dest: Path, pristine: Path, patches: list[series_mod.Patch], base: str) -> None:
+    """Create the queue at ``dest`` (replacing any previous queue) on release ``base``."""
     if dest.exists():
         shutil.rmtree(dest)
-    shutil.copytree(pristine, dest, ignore=shutil.ignore_patterns(".extracted-from"))
+    shutil.copytree(pristine, dest, ignore=shutil.ignore_patterns(PRISTINE_STAMP))
     git(dest, "init", "-q", "-b", "queue")
+    # Conflicts of a rebase show the base text too, which a person resolving
+    # them needs to see what upstream changed.
+    git(dest, "config", "merge.conflictStyle", "diff3")
     git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", "pristine torch python files (base of the series)")
+    git(dest, "commit", "-q", "-m", pristine_message(base))
     git(dest, "tag", "pristine")
     for patch in patches:
         touched = apply_patch_to_tree(dest, patch)
         git(dest, "add", "--", *touched)
         git(dest, "commit", "-q", "-m", patch.commit_message())
+
+
+def queue_base(queue_dir: Path) -> str:
+    """The torch release the queue's ``pristine`` commit holds (its ``torch/version.py``)."""
+    version = version_in_version_py(git(queue_dir, "show", "pristine:torch/version.py"))
+    if version is None:
+        raise RuntimeError(f"{queue_dir}: pristine:torch/version.py names no __version__")
+    return release(version)
 
 
 def export(queue_dir: Path) -> list[series_mod.Patch]:
@@ -105,8 +129,8 @@ def export(queue_dir: Path) -> list[series_mod.Patch]:
     return patches
 
 
-def write_patches(patch_dir: Path, patches: list[series_mod.Patch]) -> None:
-    """Replace the series in ``patch_dir`` by ``patches``."""
+def write_patches(patch_dir: Path, patches: list[series_mod.Patch], base: str) -> None:
+    """Replace the series in ``patch_dir`` by ``patches``, applying to release ``base``."""
     patch_dir.mkdir(parents=True, exist_ok=True)
     keep = {patch.file_name for patch in patches}
     for stale in patch_dir.glob("*.patch"):
@@ -114,4 +138,4 @@ def write_patches(patch_dir: Path, patches: list[series_mod.Patch]) -> None:
             stale.unlink()
     for patch in patches:
         (patch_dir / patch.file_name).write_text(patch.render())
-    (patch_dir / "series").write_text(series_mod.render_series(patches))
+    (patch_dir / "series").write_text(series_mod.render_series(patches, base))

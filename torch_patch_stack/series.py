@@ -1,5 +1,10 @@
 """The patch series on disk: ``patches/series`` plus one file per patch.
 
+``series`` names the patches in the order they apply and, on a line
+``# base: torch==X.Y.Z``, the PyTorch release they apply to: every command
+(``check``, ``build``, ``apply-source``, ``queue``) takes its base from there,
+and ``rebase`` followed by ``export`` is what changes it.
+
 A patch file is a header in the spirit of DEP-3, a line ``---``, then the diff::
 
     Subject: [inductor] One line that becomes the upstream PR title
@@ -26,6 +31,7 @@ from pathlib import Path
 
 REQUIRED_FIELDS = ("Subject", "Description", "Forwarded", "Last-Update")
 _FIELD = re.compile(r"^([A-Za-z-]+): ?(.*)$")
+_BASE_LINE = re.compile(r"^#\s*base:\s*torch==(\S+)\s*$")
 
 
 class SeriesError(Exception):
@@ -110,10 +116,23 @@ def read_series(patch_dir: Path) -> list[Patch]:
     return patches
 
 
-def render_series(patches: list[Patch]) -> str:
+def read_base(patch_dir: Path) -> str:
+    """The torch release the series applies to (``# base: torch==X.Y.Z`` in ``series``)."""
+    series_file = patch_dir / "series"
+    if not series_file.is_file():
+        raise SeriesError(f"{series_file} does not exist")
+    for line in series_file.read_text().splitlines():
+        match = _BASE_LINE.match(line.strip())
+        if match:
+            return match.group(1)
+    raise SeriesError(f"{series_file} has no '# base: torch==X.Y.Z' line naming the release it applies to")
+
+
+def render_series(patches: list[Patch], base: str) -> str:
     header = (
-        "# Applied in this order to pristine PyTorch v2.13.0 files.\n"
+        f"# Applied in this order to pristine PyTorch v{base} files.\n"
         "# Written by `python scripts/patchstack.py export`; see CONTRIBUTING.md.\n"
+        f"# base: torch=={base}\n"
     )
     return header + "".join(f"{patch.file_name}\n" for patch in patches)
 

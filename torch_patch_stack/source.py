@@ -2,19 +2,19 @@
 
 Each commit carries the patch header as its message and the overlay modules the
 patch names in ``Overlay:``, so the branch is ready for ``ghstack`` (one commit,
-one upstream PR).  The checkout must be clean and at v2.13.0; every patch is
-checked to apply exactly before the first commit is made.
+one upstream PR).  The checkout must be clean and at the series' base release
+(``patches/series``); every patch is checked to apply exactly before the first
+commit is made.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 from pathlib import Path
 
 from . import series as series_mod
 from . import unified_diff
-from .pristine import require_base_version
+from .pristine import require_base_version, version_in_version_py
 from .queue import apply_patch_to_tree, apply_series_in_memory, git, tree_reader
 
 
@@ -26,9 +26,9 @@ def checkout_version(checkout: Path) -> str:
         return version_txt.read_text().strip()
     version_py = checkout / "torch" / "version.py"
     if version_py.is_file():
-        match = re.search(r"__version__ = '([^']+)'", version_py.read_text())
-        if match:
-            return match.group(1)
+        version = version_in_version_py(version_py.read_text())
+        if version:
+            return version
     raise unified_diff.PatchError(f"{checkout} has neither version.txt nor torch/version.py")
 
 
@@ -55,10 +55,14 @@ def overlay_by_patch(patches: list[series_mod.Patch], overlay_dir: Path) -> dict
 
 
 def apply_to_checkout(checkout: Path, patch_dir: Path, overlay_dir: Path) -> list[str]:
-    """Commit the series onto ``checkout``'s current branch; return the subjects."""
+    """Commit the series onto ``checkout``'s current branch; return the subjects.
+
+    The checkout must be a clean git tree at the series' base release
+    (``patches/series``); nothing is committed unless every patch applies.
+    """
     if not (checkout / ".git").exists():
         raise unified_diff.PatchError(f"{checkout} is not a git checkout")
-    require_base_version(checkout_version(checkout), str(checkout))
+    require_base_version(checkout_version(checkout), series_mod.read_base(patch_dir), str(checkout))
     if git(checkout, "status", "--porcelain", "--untracked-files=no").strip():
         raise unified_diff.PatchError(f"{checkout} has uncommitted changes; commit or stash them first")
     patches = series_mod.read_series(patch_dir)

@@ -24,6 +24,9 @@ class Hunk:
     old_start: int
     old_lines: list[str]
     new_lines: list[str]
+    header: str = ""  # the "@@ ... @@" line, for reports
+    removed: list[str] = dataclasses.field(default_factory=list)  # the "-" lines
+    added: list[str] = dataclasses.field(default_factory=list)  # the "+" lines
 
 
 @dataclasses.dataclass
@@ -77,7 +80,7 @@ def parse(diff_text: str) -> list[FileDiff]:
                 raise PatchError("hunk before any file header")
             old_count = int(match.group(2) or "1")
             new_count = int(match.group(4) or "1")
-            hunk = Hunk(int(match.group(1)), [], [])
+            hunk = Hunk(int(match.group(1)), [], [], header=line.rstrip("\n"))
             i += 1
             while (len(hunk.old_lines) < old_count or len(hunk.new_lines) < new_count) and i < len(lines):
                 body = lines[i]
@@ -87,8 +90,10 @@ def parse(diff_text: str) -> list[FileDiff]:
                     hunk.new_lines.append(text)
                 elif tag == "-":
                     hunk.old_lines.append(text)
+                    hunk.removed.append(text)
                 elif tag == "+":
                     hunk.new_lines.append(text)
+                    hunk.added.append(text)
                 elif body.startswith("\\"):
                     pass
                 else:

@@ -51,7 +51,7 @@ def build(
 ) -> Path:
     """Write ``out_dir/<same name as official_wheel>`` with the stack applied."""
     base = wheel_version(official_wheel)
-    require_base_version(base, str(official_wheel))
+    require_base_version(base, series_mod.read_base(patch_dir), str(official_wheel))
     patches = series_mod.read_series(patch_dir)
     # torch_overlay/ mirrors the wheel's layout: its relative paths are wheel paths.
     overlay = {

@@ -51,7 +51,7 @@ def stack(tmp_path: Path):
     """A repo layout with one patch made through the queue workflow."""
     repo = tmp_path / "repo"
     (repo / "patches").mkdir(parents=True)
-    (repo / "patches" / "series").write_text("")
+    (repo / "patches" / "series").write_text("# base: torch==2.13.0\n")
     overlay = repo / "torch_overlay" / "torch"
     overlay.mkdir(parents=True)
     (overlay / "_new_module.py").write_text("VALUE = 1\n")
