@@ -4,7 +4,8 @@
 For each scenario the script launches the same worker on N local ranks (one
 process each, rendezvous over env://; not torchrun, whose agent would stop
 the healthy ranks as soon as one dies), once in this project's environment
-(patched torch) and once in a stock torch 2.13.0 environment, and prints the
+(patched torch) and once in a stock torch environment of the stack's base
+release (`patches/series`), and prints the
 results side by side.  Every worker compiles a custom op whose
 implementations contain an all_reduce, with one fault injected through an
 implementation (the same way the tests inject them):
@@ -18,19 +19,20 @@ implementation (the same way the tests inject them):
 
 and reports the time from the fault to every rank having decided (for a dead
 peer: to every healthy rank having raised), the winner and whether all ranks
-agree.  Stock torch 2.13.0 cannot time anything on CPU (its collective
-benchmark calls torch.cuda), which the table shows as it happens.
+agree.  Stock torch (2.13.0 and 2.15.0 alike) cannot time anything on CPU
+(its collective benchmark calls torch.cuda), which the table shows as it
+happens.
 
 Usage:
   python scripts/bench_collective_decisions.py [--nproc 2] [--timeout 5]
       [--scenarios happy,exception,stall,dead,hung] [--stock-python PATH]
 
-Upstream's design (read from torch 2.13.0's select_algorithm.py) issues 3
+Upstream's design (read from select_algorithm.py, 2.13.0 to 2.15.0) issues 3
 synchronizing collectives per candidate (2 barriers and 1 all_reduce); on CPU
 it never gets that far.
 
 Without --stock-python, a stock environment is created once under
-build/stock-venv (pip install torch==2.13.0, as the bootstrap does).
+build/stock-venv-<release> from the official wheel the bootstrap uses.
 """
 
 import argparse
@@ -193,12 +195,17 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
 def stock_python(explicit: str | None) -> str:
     if explicit:
         return explicit
-    venv = ROOT / "build" / "stock-venv"
+    sys.path.insert(0, str(ROOT))
+    from torch_patch_stack import pristine, series
+
+    base = series.read_base(ROOT / "patches")
+    venv = ROOT / "build" / f"stock-venv-{base}"
     python = venv / "bin" / "python"
     if not python.exists():
-        print(f"creating a stock torch 2.13.0 environment in {venv} ...", file=sys.stderr)
+        print(f"creating a stock torch {base} environment in {venv} ...", file=sys.stderr)
+        wheel = pristine.find_official_wheel(ROOT / "build", base)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.13.0", "numpy"], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel), "numpy"], check=True)
     return str(python)
 
 
@@ -287,7 +294,7 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=5.0, help="collective_benchmark_timeout, seconds")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--stock-python", help="python of an environment with stock torch 2.13.0")
+    parser.add_argument("--stock-python", help="python of an environment with stock torch of the stack's base release")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()

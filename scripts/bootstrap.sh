@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Set up .venv/ (Python 3.11) with the patched torch 2.13.0 wheel, this project,
-# pytest, expecttest and hypothesis.  Idempotent: when patches/ and
-# torch_overlay/ are what the installed torch was built from, it only checks.
+# Set up .venv/ (Python 3.11) with the patched torch wheel (the release that
+# patches/series names, built from the official wheel), this project, pytest,
+# expecttest and hypothesis.  Idempotent: when patches/ and torch_overlay/ are
+# what the installed torch was built from, it only checks.  The first set-up
+# of a release downloads its wheel and torch's dependencies (for 2.15.0 the
+# CUDA build and its CUDA packages, about 5 GB, which import and run on a
+# machine without a GPU); later runs download nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -17,7 +21,7 @@ if [ -z "$python_bin" ]; then
   done
 fi
 if [ -z "$python_bin" ]; then
-  log "Python 3.11 is required (the torch 2.13.0 wheel is cp311); set PYTHON=/path/to/python3.11"
+  log "Python 3.11 is required (the torch wheels the stack is built from are cp311); set PYTHON=/path/to/python3.11"
   exit 1
 fi
 

@@ -152,6 +152,13 @@ def cmd_rebase(args, layout: Layout) -> int:
             queue.materialize(queue_dir, layout.pristine_tree(None, base), series.read_series(layout.patches), base)
         outcome = rebase.start(queue_dir, args.onto, target)
     print(outcome.render(queue_dir))
+    if outcome.finished:
+        dropped = {name for name, status in outcome.patches if status.startswith("dropped")}
+        overlay = source.overlay_by_patch(series.read_series(layout.patches), layout.overlay)
+        for name in sorted(dropped):
+            for module in overlay.get(name, []):
+                print(f"note: torch_overlay/{module} is no longer claimed ({name} was dropped): "
+                      "delete it if upstream ships it now, or name it in another patch's Overlay:")
     return 0 if outcome.finished else 2
 
 

@@ -16,6 +16,9 @@ this file checks the scheduler-level behaviour (torch/_inductor/collective_autot
 * Mismatched node lists: ranks that compiled different graphs (here one more
   collective op on rank 0) raise the same ``CollectiveBenchmarkError`` at the
   pre-sync, on every rank, within the timeout; none falls back alone.
+* An op registered with ``include_fallback=False`` (no eager default among
+  its choices, since torch 2.15.0): under both paths the decompositions alone
+  compete, the eager implementation never runs, and the fastest wins.
 """
 
 from __future__ import annotations
@@ -171,6 +174,30 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
         FileCheck().check("def call").check("collective_autotune_test.broadcast_sum.default(").check_regex(
             r"cpp_fused_add_relu_\d+\("
         ).run(v1_program)
+        dist.destroy_process_group()
+
+    def test_choices_without_the_eager_fallback(self):
+        self._init_process_group()
+        register_custom_op_autotuning(
+            all_reduce_op,
+            configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)],
+            include_fallback=False,
+        )
+        DELAY_MS.clear()
+        DELAY_MS["direct"] = SLOW_MS
+        x = torch.full((24, 8), float(self.rank + 1))
+        expected = torch.full((24, 8), float(sum(r + 1 for r in range(self.world_size)) + 1))
+        for defer in (False, True):
+            torch._dynamo.reset()
+            with self._config(defer):
+                compiled = torch.compile(lambda x: all_reduce_op(x) + 1)
+                RAN.clear()
+                compiled(x)
+                self.assertEqual(sorted(set(RAN)), ["direct", "rs_ag"])  # the eager op is no candidate
+                RAN.clear()
+                result = compiled(x)
+            self.assertEqual(self._ran_everywhere(list(RAN)), [["rs_ag"]] * self.world_size)
+            torch.testing.assert_close(result, expected, rtol=0, atol=0)
         dist.destroy_process_group()
 
     def test_mismatched_node_lists_fail_on_every_rank(self):

@@ -2,7 +2,7 @@
 
 Most tests run against a small synthetic "torch" wheel so that each failure
 mode (drift, offset, fuzz, wrong base version, dirty checkout) is produced on
-purpose; two run the real series against the official torch 2.13.0 wheel:
+purpose; two run the real series against the official wheel of its base release:
 ``check`` must pass, and the source path must commit every patch onto a git
 tree made from the wheel's Python files.
 """

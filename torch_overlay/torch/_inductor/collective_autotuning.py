@@ -146,11 +146,14 @@ def finalize_collective_multi_template_buffers(operations: list[ir.Operation]) -
         decisions = benchmarker.run_batch(ops)
         for node, op, decision in zip(group_nodes, ops, decisions):
             timings = {choice: decision.time_ms(c.name) for choice, c in zip(node.choices, op.candidates)}
-            default = next(choice for choice, c in zip(node.choices, op.candidates) if c.is_default)
+            # The op's eager implementation; None when it was registered with
+            # include_fallback=False.
+            default = next((choice for choice, c in zip(node.choices, op.candidates) if c.is_default), None)
             winner = select_winner(timings, node.choices, benchmark_config.tie_tolerance)
-            if winner is None:  # nothing qualified on every rank
-                winner = default
-            winner = _apply_speedup_threshold(winner, default, timings, node.min_speedup_threshold)
+            if winner is None:  # nothing qualified on every rank: what V1 falls back to
+                winner = default if default is not None else node.choices[0]
+            if default is not None:
+                winner = _apply_speedup_threshold(winner, default, timings, node.min_speedup_threshold)
             winners[node.get_name()] = _report(node, winner, timings)
     # Inline every winner first and splice afterwards: operation names come
     # from the length of V.graph.operations, which must not shrink while ops
@@ -268,7 +271,9 @@ def _op_to_tune(node: ir.CollectiveMultiTemplateBuffer) -> OpToTune:
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
     args = AlgorithmSelectorCache.get_inputs(node.choices, list(node.original_inputs), node.layout, node.input_gen_fns)
-    candidates, key = collective_candidates(node.choices, args, is_extern=AlgorithmSelectorCache._is_extern)
+    candidates, key = collective_candidates(
+        node.choices, args, uses_layout_preserving_inputs=AlgorithmSelectorCache._uses_layout_preserving_inputs
+    )
     epilogue = _Epilogue.find(node)
     if epilogue is not None:
         candidates = _time_with_epilogue(node, candidates, args, epilogue)

@@ -987,7 +987,7 @@ def collective_group_name(choices: Sequence[Any]) -> str | None:
 
 
 def collective_candidates(
-    choices: Sequence[Any], autotune_args: Any, *, is_extern: Callable[[Any], bool]
+    choices: Sequence[Any], autotune_args: Any, *, uses_layout_preserving_inputs: Callable[[Any], bool]
 ) -> tuple[list[Candidate], str]:
     """The :class:`Candidate` of each Inductor ``ChoiceCaller``, and a key of their inputs.
 
@@ -997,7 +997,7 @@ def collective_candidates(
     """
     candidates: list[Candidate] = []
     for index, choice in enumerate(choices):
-        inputs, output = autotune_args.get_benchmark_tensors(is_extern(choice)).unpack()
+        inputs, output = autotune_args.get_benchmark_tensors(uses_layout_preserving_inputs(choice)).unpack()
         output.zero_()
         candidates.append(
             Candidate(
@@ -1016,7 +1016,7 @@ def benchmark_collective_choices(
     choices: Sequence[Any],
     autotune_args: Any,
     *,
-    is_extern: Callable[[Any], bool],
+    uses_layout_preserving_inputs: Callable[[Any], bool],
     config: CollectiveBenchmarkConfig | None = None,
 ) -> dict[Any, float]:
     """Benchmark Inductor ``ChoiceCaller``s that contain collectives; agreed ms per choice.
@@ -1029,8 +1029,10 @@ def benchmark_collective_choices(
     """
     config = config or CollectiveBenchmarkConfig.from_inductor_config()
     group_name = collective_group_name(choices)
-    candidates, key = collective_candidates(choices, autotune_args, is_extern=is_extern)
-    inputs, output = autotune_args.get_benchmark_tensors(is_extern(choices[0])).unpack()
+    candidates, key = collective_candidates(
+        choices, autotune_args, uses_layout_preserving_inputs=uses_layout_preserving_inputs
+    )
+    inputs, output = autotune_args.get_benchmark_tensors(uses_layout_preserving_inputs(choices[0])).unpack()
     decision = CollectiveBenchmarker(group_name, config, device_of([*inputs, output])).run(candidates, key=key)
     return {choice: decision.time_ms(candidate.name) for choice, candidate in zip(choices, candidates)}
 
