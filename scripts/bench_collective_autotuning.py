@@ -7,7 +7,7 @@ all of a graph's collective ops in the scheduler, one session per process
 group, each candidate timed with its pointwise epilogue.  See
 ``torch/_inductor/collective_autotuning.py``.
 
-Three tables, from one run of this script (gloo, ``--nproc`` local ranks
+Four tables, from one run of this script (gloo, ``--nproc`` local ranks
 per launch, one process each, rendezvous over env://):
 
 1. **Autotuning overhead** for a graph of 1, 3 and 8 collective ops (each an
@@ -23,16 +23,27 @@ per launch, one process each, rendezvous over env://):
    - ``warmup``: inside the warmup runs;
    - ``pre-sync``: inside the joins, which mostly wait for the slowest rank
      to finish compiling its candidates;
-   - ``round sync``: inside the other synchronizing steps (warmup
-     agreements, exchanges, commits), including the wait for slower ranks;
-   - ``sync V2/V1``: V2's pre-sync + round sync as a share of V1's.
+   - ``exchange sync``: inside the other synchronizing steps (the session's
+     exchange and commit, failure agreements), including the wait for
+     slower ranks;
+   - ``sync V2/V1``: V2's pre-sync + exchange sync as a share of V1's.
 
 2. **The protocol alone**, for the same ops: ``CollectiveBenchmarker`` driven
    directly with the three implementations as candidates (already compiled),
    after a barrier, so that no rank waits for another's compilation: one
    session per op (V1) against one session for all ops (V2).  Median of 5.
+   With the collectives the protocol issues per session (besides the
+   candidates' own), and synchronization as a share of timed-run time.
 
-3. **Run time of a tensor-parallel block** ``relu(all_reduce(x @ w) + b)``
+3. **Medians and winners against the per-candidate barrier**
+   (``--compare-with REV``, default ``a1a8df1``: the protocol before the
+   session exchange, which all-reduced a status before each candidate's timed
+   runs and all-gathered its result after them).  The same three candidates
+   of 3 ops, benchmarked in one launch by both protocols in turn, 5 sessions
+   each: per candidate the median of the agreed times, and how often each
+   protocol picked each winner.
+
+4. **Run time of a tensor-parallel block** ``relu(all_reduce(x @ w) + b)``
    compiled three ways in the same processes: the eager default
    implementation of the all_reduce op (no tuning), the V1 choice and the V2
    choice.  The three are called in turn, ``--runs`` times; median per
@@ -40,9 +51,11 @@ per launch, one process each, rendezvous over env://):
 
 Usage:
   python scripts/bench_collective_autotuning.py [--nproc 2,4] [--ops 1,3,8] [--runs 50]
+      [--compare-with REV] [--tables overhead,protocol,compare,block]
 """
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -56,7 +69,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_collective_decisions import rank_env  # noqa: E402
 
 NWARMUP, NRUNS = 3, 10
-COUNTERS = ("presync", "prepare_s", "session_s", "timed_s", "warmup_s", "presync_s", "sync_s")
+COUNTERS = ("presync", "prepare_s", "session_s", "timed_s", "warmup_s", "presync_s", "sync_s", "sync_collectives")
+# The last protocol with a synchronization per candidate (see --compare-with).
+PER_CANDIDATE_PROTOCOL = "a1a8df1"
+PROTOCOL_PATH = "torch_overlay/torch/_inductor/runtime/collective_benchmarking.py"
 
 
 # --- worker (one process per rank) --------------------------------------------------
@@ -149,6 +165,34 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             stats = counters["collective_autotuning"]
             samples.append({**{name: stats[name] for name in COUNTERS}, "wall_s": time.perf_counter() - start})
         report.update({name: statistics.median(sample[name] for sample in samples) for name in samples[0]})
+    elif mode == "compare":
+        import importlib.util
+        from datetime import timedelta
+
+        from torch._inductor.runtime import collective_benchmarking as current
+
+        spec = importlib.util.spec_from_file_location("per_candidate_protocol", path)
+        previous = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(previous)
+        previous._STORE_PREFIX = "per_candidate_protocol"  # its sessions must not meet this one's keys
+        x = torch.ones(1 << 16)
+        implementations = {"default": lambda: all_reduce_op(x), "direct": lambda: direct(x), "rs_ag": lambda: rs_ag(x)}
+        protocols = {}
+        for label, module in (("per-candidate", previous), ("session", current)):
+            config = module.CollectiveBenchmarkConfig(timedelta(seconds=60), NWARMUP, NRUNS)
+            candidates = [module.Candidate(n, f, is_default=n == "default") for n, f in implementations.items()]
+            ops = [module.OpToTune(f"op{i}", candidates) for i in range(nops)]
+            protocols[label] = (module.CollectiveBenchmarker(None, config), ops)
+        medians: dict[str, list[float]] = {}
+        winners: dict[str, list[str]] = {}
+        for _ in range(5):  # the two protocols in turn, so that both see the same machine
+            for label, (benchmarker, ops) in protocols.items():
+                dist.barrier()
+                for decision in benchmarker.run_batch(ops):
+                    for result in decision.results:
+                        medians.setdefault(f"{label}|{result.name}", []).append(result.time_ms)
+                    winners.setdefault(label, []).append(decision.winner)
+        report.update(medians=medians, winners=winners)
     elif mode == "overhead":
 
         def program(x):
@@ -224,7 +268,7 @@ def launch(nproc: int, *worker_args: str) -> list[dict]:
 
 def overhead_table(nprocs: list[int], op_counts: list[int]) -> None:
     print("\nAutotuning overhead per compile (slowest rank; seconds unless noted)\n")
-    print("| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | round sync | sync V2/V1 |")
+    print("| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | exchange sync | sync V2/V1 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for nproc in nprocs:
         for nops in op_counts:
@@ -249,8 +293,11 @@ def protocol_table(nprocs: list[int], op_counts: list[int]) -> None:
         "\nThe protocol alone: candidates already compiled, ranks entering together (after a barrier); "
         "median of 5, slowest rank, seconds\n"
     )
-    print("| ranks | ops | path | pre-syncs | wall | timed | pre-sync | round sync | V2/V1: pre-sync, all sync |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| ranks | ops | path | pre-syncs | sync collectives / session | wall | timed | pre-sync | exchange sync "
+        "| sync / timed | V2/V1: pre-sync, all sync |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for nproc in nprocs:
         for nops in op_counts:
             rows = {path: launch(nproc, "protocol", path, str(nops), "0") for path in ("V1", "V2")}
@@ -260,10 +307,36 @@ def protocol_table(nprocs: list[int], op_counts: list[int]) -> None:
             for path, row in rows.items():
                 ratio = "" if path == "V1" else f"{presync:.0%}, {sync['V2'] / sync['V1']:.0%}"
                 print(
-                    f"| {nproc} | {nops} | {path} | {row['presync']:.0f} | {row['wall_s']:.3f} | {row['timed_s']:.3f} "
-                    f"| {row['presync_s']:.4f} | {row['sync_s']:.4f} | {ratio} |",
+                    f"| {nproc} | {nops} | {path} | {row['presync']:.0f} | {row['sync_collectives'] / row['presync']:g} "
+                    f"| {row['wall_s']:.3f} | {row['timed_s']:.3f} | {row['presync_s']:.4f} | {row['sync_s']:.4f} "
+                    f"| {sync[path] / row['timed_s']:.1%} | {ratio} |",
                     flush=True,
                 )
+
+
+def compare_table(nprocs: list[int], revision: str) -> None:
+    root = Path(__file__).resolve().parent.parent
+    source = subprocess.run(
+        ["git", "show", f"{revision}:{PROTOCOL_PATH}"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout
+    print(
+        f"\nMedians and winners: the per-candidate barrier ({revision}) against the session exchange, the same "
+        "3 ops x 3 candidates benchmarked by both in turn, 5 sessions each; agreed time (slowest rank's median), "
+        "median over the sessions, ms\n"
+    )
+    print("| ranks | candidate | per-candidate barrier | session exchange | ratio | winners (per-candidate) | winners (session) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    with tempfile.NamedTemporaryFile("w", suffix=".py") as module:
+        module.write(source)
+        module.flush()
+        for nproc in nprocs:
+            report = launch(nproc, "compare", module.name, "3", "0")[0]  # agreed values: the same on every rank
+            winners = {label: collections.Counter(report["winners"][label]) for label in ("per-candidate", "session")}
+            for name in ("default", "direct", "rs_ag"):
+                before = statistics.median(report["medians"][f"per-candidate|{name}"])
+                after = statistics.median(report["medians"][f"session|{name}"])
+                cells = [f"{winners[label][name]}/{sum(winners[label].values())}" for label in winners]
+                print(f"| {nproc} | {name} | {before:.3f} | {after:.3f} | {after / before:.2f} | {' | '.join(cells)} |")
 
 
 def block_table(nprocs: list[int], runs: int) -> None:
@@ -288,6 +361,8 @@ def main() -> None:
     parser.add_argument("--nproc", default="2,4", help="comma-separated world sizes")
     parser.add_argument("--ops", default="1,3,8", help="comma-separated collective op counts")
     parser.add_argument("--runs", type=int, default=50, help="timed calls of the compiled block")
+    parser.add_argument("--compare-with", default=PER_CANDIDATE_PROTOCOL, help="git revision of the older protocol")
+    parser.add_argument("--tables", default="overhead,protocol,compare,block", help="which tables to print")
     parser.add_argument("--worker", nargs=4, metavar=("MODE", "PATH", "NOPS", "RUNS"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -300,9 +375,15 @@ def main() -> None:
     nprocs = [int(n) for n in args.nproc.split(",")]
     print(f"torch {torch.__version__}, gloo, {os.cpu_count()} CPUs, {NWARMUP} warmup + {NRUNS} timed runs per candidate")
     op_counts = [int(n) for n in args.ops.split(",")]
-    overhead_table(nprocs, op_counts)
-    protocol_table(nprocs, op_counts)
-    block_table(nprocs, args.runs)
+    tables = args.tables.split(",")
+    if "overhead" in tables:
+        overhead_table(nprocs, op_counts)
+    if "protocol" in tables:
+        protocol_table(nprocs, op_counts)
+    if "compare" in tables:
+        compare_table(nprocs, args.compare_with)
+    if "block" in tables:
+        block_table(nprocs, args.runs)
 
 
 if __name__ == "__main__":

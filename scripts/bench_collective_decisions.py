@@ -14,18 +14,20 @@ implementation (the same way the tests inject them):
              issues besides the candidates' own (and their time), per candidate
   exception  one implementation raises on the last rank at its first timed run
   stall      one implementation sleeps past the timeout once on the last rank
+  straggler  the same, for 3 timeouts: the rank is alive and returns late
   dead       the last rank is SIGKILLed inside an implementation
-  hung       the last rank blocks inside an implementation for 4 timeouts
+  wedged     the last rank blocks inside an implementation for 4 timeouts in a
+             C call that holds the GIL (no thread of it runs), then exits
 
 and reports the time from the fault to every rank having decided (for a dead
-peer: to every healthy rank having raised), the winner and whether all ranks
-agree.  Stock torch (2.13.0 and 2.15.0 alike) cannot time anything on CPU
-(its collective benchmark calls torch.cuda), which the table shows as it
-happens.
+or wedged peer: to every healthy rank having raised; for a straggler: from
+its return), the winner and whether all ranks agree.  Stock torch (2.13.0
+and 2.15.0 alike) cannot time anything on CPU (its collective benchmark
+calls torch.cuda), which the table shows as it happens.
 
 Usage:
   python scripts/bench_collective_decisions.py [--nproc 2] [--timeout 5]
-      [--scenarios happy,exception,stall,dead,hung] [--stock-python PATH]
+      [--scenarios happy,exception,stall,straggler,dead,wedged] [--stock-python PATH]
 
 Upstream's design (read from select_algorithm.py, 2.13.0 to 2.15.0) issues 3
 synchronizing collectives per candidate (2 barriers and 1 all_reduce); on CPU
@@ -36,6 +38,7 @@ build/stock-venv-<release> from the official wheel the bootstrap uses.
 """
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -48,7 +51,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ("happy", "exception", "stall", "dead", "hung")
+SCENARIOS = ("happy", "exception", "stall", "straggler", "dead", "wedged")
 NWARMUP, NRUNS = 3, 10
 
 
@@ -86,12 +89,15 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
                 raise RuntimeError("fault injected by the benchmark")
             if scenario == "stall":
                 time.sleep(timeout + 1)
-            if scenario in ("dead", "hung"):
+            if scenario == "straggler":
+                time.sleep(3 * timeout)
+                report["returned_at"] = time.time()
+            if scenario in ("dead", "wedged"):
                 Path(out_dir, "lost.json").write_text(json.dumps({"fault_at": time.time()}))
             if scenario == "dead":
                 os.kill(os.getpid(), signal.SIGKILL)
-            if scenario == "hung":
-                time.sleep(4 * timeout)
+            if scenario == "wedged":
+                ctypes.PyDLL(None).sleep(int(4 * timeout))  # libc sleep(), the GIL held throughout
                 os._exit(0)
         time.sleep({"default": 0.008, "faulty": 0.0, "good": 0.003}[impl])
         return x.clone()
@@ -135,7 +141,7 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
 
         setattr(dist.ProcessGroup, method, counted)
     if patched:
-        from torch._inductor.runtime import collective_benchmarking as cb
+        from torch._inductor.runtime import collective_benchmarking as cb, collective_control
 
         # Wall time of the protocol's sync steps (issue + wait), on this rank.
         for name in ("_all_reduce_max", "_all_gather"):
@@ -149,15 +155,15 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
                     report["sync_wall_s"] = report.get("sync_wall_s", 0.0) + time.perf_counter() - start
 
             setattr(cb.CollectiveBenchmarker, name, timed)
-        original_rendezvous = cb._ControlStore.rendezvous
+        original_rendezvous = collective_control.ControlStore.rendezvous
 
-        def rendezvous(self, tag, value, what):
-            result = original_rendezvous(self, tag, value, what)
+        def rendezvous(self, tag, value, what, also=()):
+            result = original_rendezvous(self, tag, value, what, also)
             if tag.startswith("failure"):
                 report.setdefault("agreed_at", time.time())
             return result
 
-        cb._ControlStore.rendezvous = rendezvous
+        collective_control.ControlStore.rendezvous = rendezvous
 
     x = torch.ones(1 << 14)
     start = time.time()
@@ -273,9 +279,12 @@ def summarize(scenario: str, reports: list[dict], nproc: int, timeout: float) ->
         if "sync_wall_s" in first:
             row["sync ms / candidate"] = f"{1e3 * max(r['sync_wall_s'] for r in reports) / 3:.2f}"
     fault_at = next((r["fault_at"] for r in reports if "fault_at" in r), None)
-    if scenario in ("dead", "hung") and errors:
+    returned_at = next((r["returned_at"] for r in reports if "returned_at" in r), None)
+    if scenario in ("dead", "wedged") and errors:
         row["fault -> every healthy rank raised"] = f"{max(r['error_at'] for r in reports) - fault_at:.2f} s"
         row["error"] = errors[0]
+    elif returned_at is not None and all("agreed_at" in r for r in reports):
+        row["return -> every rank agreed"] = f"{max(r['agreed_at'] for r in reports) - returned_at:.2f} s"
     elif fault_at is not None and all("agreed_at" in r for r in reports):
         row["fault -> every rank agreed"] = f"{max(r['agreed_at'] for r in reports) - fault_at:.2f} s"
     elif errors:

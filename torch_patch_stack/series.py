@@ -47,11 +47,16 @@ class Patch:
 
     @property
     def fields(self) -> dict[str, str]:
+        """The header's fields; a folded field (continuation lines) is joined with spaces."""
         fields = {"Subject": self.subject}
+        name = None
         for line in self.header_body.splitlines():
             match = _FIELD.match(line)
             if match and not line.startswith(" "):
-                fields[match.group(1)] = match.group(2)
+                name = match.group(1)
+                fields[name] = match.group(2)
+            elif name is not None and line.startswith(" ") and line.strip() != ".":
+                fields[name] = f"{fields[name]} {line.strip()}".strip()
         return fields
 
     def commit_message(self) -> str:

@@ -6,7 +6,7 @@ What this checks:
   near-ties go to the default, then to registration order; all-failed gives
   no winner (every rank then uses the default).  Property-based: the winner
   only depends on the agreed times and the order.
-* ``_earliest_failure``: the rule every rank applies to the failure reports
+* ``earliest_failure``: the rule every rank applies to the failure reports
   of its peers blames the same round with the same statuses, whatever order
   the reports come in.
 * Statuses, result reduction, screening tolerances, error classification,
@@ -28,7 +28,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from hypothesis import given, settings, strategies as st
-from torch._inductor.runtime import collective_benchmarking as cb
+from torch._inductor.runtime import collective_benchmarking as cb, collective_decisions as cd
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 OK, PEER, TIMEOUT, WRONG, RAISED = (
@@ -115,7 +115,7 @@ class TestFailureAgreement(TestCase):
         # Rank 1 raised in round 2; rank 0 saw its channel fail there; rank 2
         # had finished round 2 and failed in round 3 when rank 1 left.
         posts = ["2:1:warmup", "2:4:warmup", "3:1:warmup"]
-        round_index, reports, stage = cb._earliest_failure(posts)
+        round_index, reports, stage = cd.earliest_failure(posts)
         self.assertEqual(round_index, 2)
         self.assertEqual([r.status for r in reports], [PEER, RAISED, OK])
         self.assertEqual(stage, "warmup")
@@ -123,7 +123,7 @@ class TestFailureAgreement(TestCase):
     def test_timeout_is_retryable_and_a_real_failure_is_not(self):
         self.assertTrue(TIMEOUT.retryable and PEER.retryable)
         self.assertFalse(RAISED.retryable or WRONG.retryable or OK.retryable)
-        _, reports, _ = cb._earliest_failure(["1:2:timed runs", "1:1:timed runs"])
+        _, reports, _ = cd.earliest_failure(["1:2:timed runs", "1:1:timed runs"])
         self.assertTrue(max(r.status for r in reports).retryable)
 
     @settings(max_examples=200, deadline=None)
@@ -136,7 +136,7 @@ class TestFailureAgreement(TestCase):
     def test_every_rank_derives_the_same_verdict_in_any_order(self, posts, data):
         texts = [f"{r + 4}:{int(s)}:stage{int(s)}" for r, s in posts]
         shuffled = data.draw(st.permutations(texts))
-        first, second = cb._earliest_failure(texts), cb._earliest_failure(shuffled)
+        first, second = cd.earliest_failure(texts), cd.earliest_failure(shuffled)
         self.assertEqual(first[0], second[0])
         self.assertEqual(max(r.status for r in first[1]), max(r.status for r in second[1]))
         self.assertEqual(first[2], second[2])
@@ -151,13 +151,13 @@ class TestResultsAndScreening(TestCase):
 
     def test_screening_tolerances(self):
         reference = torch.ones(8)
-        self.assertTrue(cb._matches(reference + 5e-6, reference))
-        self.assertFalse(cb._matches(reference + 1e-3, reference))
-        self.assertFalse(cb._matches(torch.ones(4), reference))
-        self.assertFalse(cb._matches(None, reference))
-        self.assertTrue(cb._matches(torch.ones(8), None))  # nothing to screen against
-        self.assertTrue(cb._matches(torch.ones(8, dtype=torch.bfloat16) * 1.01, torch.ones(8, dtype=torch.bfloat16)))
-        self.assertFalse(cb._matches(torch.arange(4) + 1, torch.arange(4)))
+        self.assertTrue(cd.outputs_match(reference + 5e-6, reference))
+        self.assertFalse(cd.outputs_match(reference + 1e-3, reference))
+        self.assertFalse(cd.outputs_match(torch.ones(4), reference))
+        self.assertFalse(cd.outputs_match(None, reference))
+        self.assertTrue(cd.outputs_match(torch.ones(8), None))  # nothing to screen against
+        self.assertTrue(cd.outputs_match(torch.ones(8, dtype=torch.bfloat16) * 1.01, torch.ones(8, dtype=torch.bfloat16)))
+        self.assertFalse(cd.outputs_match(torch.arange(4) + 1, torch.arange(4)))
 
     def test_error_classification(self):
         self.assertIs(cb._classify(TimeoutError("x")), TIMEOUT)

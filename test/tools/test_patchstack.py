@@ -203,3 +203,22 @@ def test_real_series_applies_to_git_tree_of_wheel_python_files(tmp_path):
         len(series.read_series(layout.patches)))).splitlines()
     assert committed == [patch.subject for patch in series.read_series(layout.patches)]
     assert queue.git(checkout, "status", "--porcelain") == ""
+
+
+def test_folded_header_fields_are_joined():
+    text = (
+        "Subject: [inductor] Two modules\n"
+        "Description: One line\n"
+        " continued.\n"
+        " .\n"
+        " Another paragraph.\n"
+        "Overlay: torch/_a.py,\n"
+        " torch/_b.py\n"
+        "Forwarded: no\n"
+        "Last-Update: 2026-11-22\n"
+        "---\n"
+    )
+    fields = series.parse_patch("0001-two-modules.patch", text).fields
+    assert [name.strip() for name in fields["Overlay"].split(",")] == ["torch/_a.py", "torch/_b.py"]
+    assert fields["Description"] == "One line continued. Another paragraph."
+    assert fields["Forwarded"] == "no"

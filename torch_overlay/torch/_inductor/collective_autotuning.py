@@ -74,6 +74,7 @@ from torch._inductor.runtime.collective_benchmarking import (
     resolve_group,
     select_winner,
 )
+from torch._inductor.runtime.collective_control import ensure_heartbeat
 from torch._inductor.utils import convert_shape_to_inductor
 from torch._inductor.virtualized import V
 
@@ -105,6 +106,9 @@ def defer_collective_choices(
     the scheduler uses to find the op's pointwise epilogue.  ``choices`` are
     the op's ``ChoiceCaller``s, the eager default included.
     """
+    # Peers wait at the scheduler's join for as long as this rank beats: from
+    # now on, the rest of this graph's lowering cannot make it look lost.
+    ensure_heartbeat()
     buffer = ir.CollectiveMultiTemplateBuffer(
         choices[0].layout,
         list(inputs),

@@ -19,7 +19,16 @@ events, a reduction tensor on ``cuda:{rank}``), used the default process group
 whatever group the op ran on, averaged per-rank means, and on any failure made
 the failing rank alone stop benchmarking and fall back, while its peers waited
 for it in a collective.  On CPU/gloo every candidate failed and nothing was
-tuned.
+tuned.  The second version (this module, until the session exchange) synchronized
+every candidate twice, with a status all-reduce before its timed runs and an
+all-gather of its result after them, and declared a member lost one timeout
+after it stopped reporting, whether it was dead or only slow.
+
+The module is split by responsibility: this one runs the protocol and times
+candidates; ``collective_control.py`` holds the control plane (heartbeats,
+liveness-aware agreement over the store, benchmark channels);
+``collective_decisions.py`` holds the decision rules, pure functions of what
+the ranks agreed on.
 
 The protocol
 ------------
@@ -31,50 +40,77 @@ together (V2, :meth:`~CollectiveBenchmarker.run_batch`; see
 
 1. **Join (the pre-sync).**  Every rank compiles the candidates (local work
    whose duration differs between ranks), then posts a key describing the ops
-   and their candidates in the control store and waits, bounded by the
-   timeout, for every member.  A missing rank or a different key is an error
-   on every rank that joined; the key lists a compact digest per op, so the
-   error names the first op at which the ranks differ.
-2. **Rounds.**  Candidates are benchmarked one round each, op by op: the
-   op's default first, then in registration order.  In a round a rank runs the warmup (its first
-   output is screened against the default's output on the same inputs), then
-   all ranks all-reduce the worst warmup status (this replaces the barrier
-   before the timed runs), run the timed runs unless a rank failed, and
-   all-gather ``[status, median]``: the status travels with the timing, so the
-   happy path needs no other collective.  A round costs two collectives and
-   the session one more at the end (a commit), against three per candidate in
-   the first version.  Seconds spent per step are added to
-   ``torch._dynamo.utils.counters["collective_autotuning"]``: ``presync_s``
-   in joins (mostly waiting for the slowest member to finish compiling),
-   ``sync_s`` in the other synchronizing steps, ``warmup_s`` and ``timed_s``
-   in the candidates' runs; ``presync`` counts joins.
-3. **Failures.**  Any exception or timeout on a rank ends its round: it tears
+   and their candidates in the control store and waits for every member.  A
+   member still compiling keeps the others waiting as long as its heartbeat
+   advances (see *Liveness*).  A different key is an error on every rank that
+   joined; the key lists a compact digest per op, so the error names the
+   first op at which the ranks differ.
+2. **Rounds.**  Candidates are benchmarked one round each, op by op: the op's
+   default first, then in registration order.  In a round a rank runs the
+   warmup (its first output is screened against the default's output on the
+   same inputs) and the timed runs, and keeps its status and median.  No
+   collective is issued besides the candidates' own: those keep the ranks in
+   lock-step (a rank cannot finish a candidate's collective before every
+   member has issued it), and a rank that fails wakes its peers by dropping
+   the channel (below).  A candidate whose output is wrong on a rank still
+   runs its timed runs there, so that its collectives stay matched.
+3. **Exchange and commit.**  One all-gather of every round's
+   ``[status, median]``, then one all-reduce (the commit), for the whole
+   session.  The commit exists because a collective can complete on some
+   members and fail on others: a member that completed the exchange while a
+   peer failed it would otherwise leave the session with a decision while
+   the peer, which lacks the exchanged data, waits for it in the failure
+   agreement.  With the commit, that member fails the commit instead, the
+   agreement sees that the exchange failed, and every member runs it again.
+   A member that completed the commit posts so in the store, so that a peer
+   failing the commit (which can only happen once every member exchanged)
+   decides with the data it has instead of waiting.  Seconds spent per step
+   are added to ``torch._dynamo.utils.counters["collective_autotuning"]``:
+   ``presync_s`` in joins (mostly waiting for the slowest member to finish
+   compiling), ``sync_s`` in the exchange, the commit and failure
+   agreements, ``warmup_s`` and ``timed_s`` in the candidates' runs;
+   ``presync`` counts joins, ``exchanges`` exchanges and
+   ``sync_collectives`` the collectives the protocol issued itself.
+4. **Failures.**  Any exception or timeout on a rank ends its round: it tears
    down the benchmark channel (below), which makes the peers' pending
    collectives fail at once instead of at their timeout, and reports
-   ``(round, status)`` in the control store.  Every rank then waits, bounded
-   by the timeout, for every member's report and applies the same rule to the
-   same reports: the earliest reported round takes the worst status reported
-   for it (a rank already past it only saw it succeed); that candidate is
+   ``(step, status)`` in the control store.  Every rank then waits for every
+   member's report and applies the same rule to the same reports (the
+   earliest reported step takes the worst status reported for it: a rank
+   already past it only saw it succeed).  A failed round's candidate is
    retried when the cause was a timeout and retries remain, or disqualified
-   otherwise; rounds after it are run again.  A member that does not report
-   within the timeout is lost: every healthy rank raises
-   :class:`CollectiveBenchmarkError` naming it.
-
-   What this bounds: an exception reaches every rank within milliseconds
-   (the channel drop); a stalled rank is waited for up to one timeout after
-   its peers timed out, and agreement comes when it returns; a killed rank
-   closes its sockets, so its peers raise about one timeout after its death;
-   a hung rank is declared lost after its peers' collective timed out and its
-   report did not come, about two timeouts.
-4. **Decision.**  A candidate qualifies when every rank ran it without error
+   otherwise, and the rounds after it run again.  A failed exchange runs
+   again (at most ``retries + 1`` times).
+5. **Decision.**  A candidate qualifies when every rank ran it without error
    and with a correct result.  Its time is the slowest rank's median (a
    collective completes when its slowest participant does).  Among the
    qualified, candidates within ``tie_tolerance`` of the fastest are tied and
    the first of them in preference order wins, so a near-tie cannot flip
    between compiles.  When nothing qualifies every rank uses the default.
 
-Channels and why a timed-out channel is never reused
-----------------------------------------------------
+Liveness
+--------
+A member that has not reported is waited for as long as it shows it is
+alive: every process beats a counter in the store from a thread of its own,
+and a waiting rank reads its peers' counters (``collective_control.py``).  A
+member is *lost* when its heartbeat has not advanced for
+``collective_benchmark_timeout`` (its process is gone, or its main thread
+holds the GIL in a call that does not return: *wedged*), or when it is alive
+but still absent after ``collective_benchmark_max_wait``.  Every healthy rank
+then raises :class:`CollectiveBenchmarkError` naming it.  What this bounds:
+
+* an exception reaches every rank within milliseconds (the channel drop);
+* a *straggler* (alive, returning late from a candidate) is waited for up to
+  the cap; when it returns its round fails on it too, the members agree on a
+  timed-out round, and the candidate is retried or disqualified;
+* a killed rank is declared lost about one timeout after its death (its
+  sockets close at once, its heartbeat stops);
+* a wedged rank is declared lost about one timeout after it wedged: its
+  peers' collective times out then, and by that time its heartbeat has been
+  silent for as long.
+
+Channels and why a failed channel is never reused
+-------------------------------------------------
 Candidates run on a *benchmark channel*: a private process group over the same
 ranks, built on a fresh prefix of the default store and registered under the
 op group's name for the duration of a round, so that the candidates'
@@ -117,15 +153,13 @@ dispatch state, so disabling it is both correct and scoped.
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
-import enum
 import hashlib
 import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -134,6 +168,31 @@ import torch
 import torch.distributed as dist
 from torch._dispatch.python import no_python_dispatcher
 from torch._dynamo.utils import counters
+
+from .collective_control import (
+    build_channel,
+    CollectiveBenchmarkError,
+    CollectiveBenchmarkTimeout,
+    ControlStore,
+    ensure_heartbeat,
+    group_state,
+    registered_as,
+    resolve_group,
+    STORE_PREFIX,
+)
+from .collective_decisions import (
+    CandidateResult,
+    CandidateStatus,
+    CollectiveDecision,
+    earliest_failure,
+    first_tensor,
+    is_default_choice,
+    outputs_match,
+    pick_winner,
+    RankReport,
+    SCREENING_TOLERANCES,
+    select_winner,
+)
 
 
 __all__ = [
@@ -163,62 +222,13 @@ __all__ = [
 log = logging.getLogger(__name__)
 decision_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
-# Keys of every session live under this prefix of the default store.
-_STORE_PREFIX = "collective_benchmarking"
-
-
-class CollectiveBenchmarkError(RuntimeError):
-    """Benchmarking cannot reach a decision every rank shares.
-
-    Raised on every healthy rank of the group, at the same protocol step, when
-    a member is lost (killed, hung, or more than a timeout late) or when the
-    members are not tuning the same op.
-    """
-
-
-class CollectiveBenchmarkTimeout(CollectiveBenchmarkError, TimeoutError):
-    """A collective step did not complete within the timeout."""
-
-
-class CandidateStatus(enum.IntEnum):
-    """Outcome of one candidate on one rank; a larger value is a worse outcome.
-
-    The worst status over the ranks is the candidate's status, so the order
-    matters: a rank that only saw the channel fail under it reports
-    ``PEER_FAILED`` and the rank that caused it reports the cause.
-    """
-
-    OK = 0
-    PEER_FAILED = 1  # a collective failed because another rank left the round
-    TIMED_OUT = 2  # a collective step did not complete within the timeout
-    WRONG_RESULT = 3  # output differs from the default's beyond tolerance
-    RAISED = 4  # the candidate raised on this rank
-
-    @property
-    def retryable(self) -> bool:
-        return self in (CandidateStatus.PEER_FAILED, CandidateStatus.TIMED_OUT)
-
-
-# Screening tolerances (rtol, atol) per output dtype.  Candidates legitimately
-# reduce in a different order than the default (a ring all_reduce against
-# reduce_scatter + all_gather), so floating types allow a few ulps per rank on
-# top of torch.testing's defaults; integer and bool outputs must match exactly.
-SCREENING_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (1.6e-2, 1e-2),
-    torch.float8_e4m3fn: (1.25e-1, 1e-1),
-    torch.float8_e5m2: (2.5e-1, 1e-1),
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveBenchmarkConfig:
     """How a session benchmarks; every rank of the group must use equal values."""
 
     timeout: timedelta = timedelta(seconds=30)
-    """Bound of every collective step and of every wait in the control store."""
+    """Bound of every collective step, and how long a member may show no heartbeat."""
 
     nwarmup: int = 5
     """Untimed runs per candidate (at least one: its output is screened)."""
@@ -235,6 +245,9 @@ class CollectiveBenchmarkConfig:
     screen: bool = True
     """Compare each candidate's first output with the default's."""
 
+    max_wait: timedelta = timedelta(minutes=10)
+    """How long a member that is alive (its heartbeat advances) is waited for."""
+
     def __post_init__(self) -> None:
         if self.nruns < 1:
             raise ValueError(f"nruns must be >= 1, got {self.nruns}")
@@ -242,19 +255,23 @@ class CollectiveBenchmarkConfig:
             raise ValueError(f"nwarmup, retries and tie_tolerance must be >= 0: {self}")
         if self.timeout <= timedelta(0):
             raise ValueError(f"timeout must be positive, got {self.timeout}")
+        if self.max_wait < self.timeout:
+            raise ValueError(f"max_wait ({self.max_wait}) must be at least the timeout ({self.timeout})")
 
     @classmethod
     def from_inductor_config(cls) -> CollectiveBenchmarkConfig:
         """The values set in ``torch._inductor.config``."""
         from torch._inductor import config
 
+        timeout = timedelta(seconds=config.collective_benchmark_timeout)
         return cls(
-            timeout=timedelta(seconds=config.collective_benchmark_timeout),
+            timeout=timeout,
             nwarmup=config.inductor_default_autotune_warmup,
             nruns=config.collective_benchmark_nruns,
             retries=config.collective_benchmark_retries,
             tie_tolerance=config.collective_benchmark_tie_tolerance,
             screen=config.collective_benchmark_screen_results,
+            max_wait=max(timedelta(seconds=config.collective_benchmark_max_wait), timeout),
         )
 
 
@@ -289,85 +306,7 @@ class OpToTune:
     candidates: Sequence[Candidate]
 
 
-@dataclasses.dataclass(frozen=True)
-class RankReport:
-    """What one rank reported for one candidate (``median_ms`` is nan when not timed)."""
-
-    status: CandidateStatus
-    median_ms: float = math.nan
-
-
-@dataclasses.dataclass(frozen=True)
-class CandidateResult:
-    """The agreed outcome of one candidate: identical on every rank."""
-
-    name: str
-    reports: tuple[RankReport, ...]
-    attempts: int = 1
-    stage: str = ""  # where the worst status arose, for the log
-
-    @property
-    def status(self) -> CandidateStatus:
-        return max(report.status for report in self.reports)
-
-    @property
-    def time_ms(self) -> float:
-        """The slowest rank's median, or inf when the candidate is disqualified."""
-        if self.status is not CandidateStatus.OK:
-            return math.inf
-        return max(report.median_ms for report in self.reports)
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectiveDecision:
-    """The outcome of a session, identical on every rank of the group."""
-
-    group_name: str
-    results: tuple[CandidateResult, ...]
-    winner: str | None
-    reason: str
-
-    def time_ms(self, name: str) -> float:
-        return next(result.time_ms for result in self.results if result.name == name)
-
-
-# --- the decision rule --------------------------------------------------------
-def pick_winner(times_ms: Sequence[float], tie_tolerance: float) -> int | None:
-    """Index of the winner among ``times_ms``, listed in preference order.
-
-    Disqualified candidates have an infinite time.  Every candidate within
-    ``tie_tolerance`` (relative) of the fastest is tied with it, and the first
-    tied candidate wins: the result depends only on the agreed times and the
-    order, never on noise below the tolerance.  ``None`` when all are infinite.
-    """
-    qualified = [i for i, t in enumerate(times_ms) if math.isfinite(t)]
-    if not qualified:
-        return None
-    fastest = min(times_ms[i] for i in qualified)
-    return next(i for i in qualified if times_ms[i] <= fastest * (1.0 + tie_tolerance))
-
-
-def _is_default_choice(choice: Any) -> bool:
-    # The op's own eager implementation is the choice without a subgraph.
-    return getattr(choice, "gm", None) is None
-
-
-def _preference_order(choices: Sequence[Any]) -> list[Any]:
-    return sorted(choices, key=lambda choice: not _is_default_choice(choice))
-
-
-def select_winner(timings: Mapping[Any, float], choices: Sequence[Any], tie_tolerance: float) -> Any | None:
-    """The winning choice given agreed ``timings``: the default first, then ``choices`` order.
-
-    A pure function of its arguments; ranks that agree on the timings pick the
-    same choice.  ``None`` when no choice has a finite time.
-    """
-    ordered = [choice for choice in _preference_order(choices) if choice in timings]
-    index = pick_winner([timings[choice] for choice in ordered], tie_tolerance)
-    return None if index is None else ordered[index]
-
-
-# --- helpers ------------------------------------------------------------------
+# --- timing -------------------------------------------------------------------------
 def device_of(tensors: Any) -> torch.device:
     """The device of the first tensor in ``tensors`` (CPU when there is none).
 
@@ -378,23 +317,6 @@ def device_of(tensors: Any) -> torch.device:
         if isinstance(value, torch.Tensor):
             return value.device
     return torch.device("cpu")
-
-
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (list, tuple)):
-        return next((item for item in value if isinstance(item, torch.Tensor)), None)
-    return None
-
-
-def _matches(output: torch.Tensor | None, reference: torch.Tensor | None) -> bool:
-    if reference is None:
-        return True  # the default did not produce a reference: nothing to screen against
-    if output is None or output.shape != reference.shape or output.dtype != reference.dtype:
-        return False
-    rtol, atol = SCREENING_TOLERANCES.get(reference.dtype, (0.0, 0.0))
-    return torch.allclose(output, reference, rtol=rtol, atol=atol, equal_nan=True)
 
 
 def _wait_device(device: torch.device, deadline: float) -> None:
@@ -447,141 +369,29 @@ def _classify(error: BaseException) -> CandidateStatus:
     return CandidateStatus.RAISED
 
 
-class _RoundFailed(Exception):
+class _StepFailed(Exception):
     def __init__(self, status: CandidateStatus, stage: str, error: BaseException | None = None) -> None:
         super().__init__(f"{status.name} during {stage}: {error!r}")
         self.status = status
         self.stage = stage
 
 
-# --- the control store --------------------------------------------------------
-class _ControlStore:
-    """Bounded rendezvous over the default store, which survives a dead channel."""
-
-    def __init__(self, prefix: str, group: dist.ProcessGroup, timeout: timedelta) -> None:
-        self.store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
-        self.rank = group.rank()
-        self.size = group.size()
-        self.global_ranks = dist.get_process_group_ranks(group)
-        self.group_name = group.group_name
-        self.timeout = timeout
-
-    def rendezvous(self, tag: str, value: str, what: str) -> list[str]:
-        """Post ``value`` under ``tag`` and return every member's value, in rank order.
-
-        Raises :class:`CollectiveBenchmarkError` naming the members that did
-        not post within the timeout; a member arriving after a peer gave up
-        finds the peer's verdict and raises the same error at once.
-        """
-        self.store.set(f"{tag}/{self.rank}", value)
-        keys = [f"{tag}/{rank}" for rank in range(self.size)]
-        try:
-            self.store.wait(keys, self.timeout)
-        except Exception:  # the store reports a timed-out wait with its own error types
-            missing = [self.global_ranks[rank] for rank, key in enumerate(keys) if not self.store.check([key])]
-            if missing:
-                self.store.set(f"{tag}/abandoned", ",".join(map(str, missing)))
-                raise CollectiveBenchmarkError(
-                    f"collective autotuning: ranks {missing} of group {self.group_name!r} did not reach "
-                    f"{what} within {self.timeout.total_seconds():g}s (collective_benchmark_timeout); "
-                    "they are hung, dead, or compiling a different program"
-                ) from None
-        if self.store.check([f"{tag}/abandoned"]):
-            missing = self.store.get(f"{tag}/abandoned").decode()
-            raise CollectiveBenchmarkError(
-                f"collective autotuning: ranks [{missing}] of group {self.group_name!r} did not reach "
-                f"{what} in time for a peer, which gave up"
-            )
-        return [self.store.get(key).decode() for key in keys]
-
-
-# --- benchmark channels -------------------------------------------------------
-def _build_channel(group: dist.ProcessGroup, prefix: str, timeout: timedelta) -> dist.ProcessGroup:
-    store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
-    rank, size = group.rank(), group.size()
-    channel = dist.ProcessGroup(store, rank, size)
-    backend = dist.get_backend(group)
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = 2 * timeout  # this module aborts first; see the module docstring
-        impl = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", store), rank, size, options)
-        device, backend_type = torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL
-    elif backend == "gloo":
-        impl = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
-        device, backend_type = torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO
-    else:
-        raise CollectiveBenchmarkError(f"collective autotuning supports gloo and nccl groups, not {backend!r}")
-    impl._set_sequence_number_for_group()
-    channel._register_backend(device, backend_type, impl)
-    channel._set_default_backend(backend_type)
-    channel._set_group_name(f"{group.group_name}:benchmark")
-    return channel
-
-
 @contextmanager
-def _registered_as(name: str, group: dist.ProcessGroup) -> Iterator[None]:
-    # Functional collectives resolve their group by name at run time; this
-    # points the name at ``group`` for the duration, and always restores it.
-    from torch._C._distributed_c10d import (
-        _register_process_group,
-        _resolve_process_group,
-        _unregister_process_group,
-    )
-
-    original = _resolve_process_group(name)
-    _unregister_process_group(name)
-    _register_process_group(name, group)
+def _timed(counter: str) -> Iterator[None]:
+    # Seconds spent per protocol step, in counters["collective_autotuning"]:
+    # what scripts/bench_collective_autotuning.py reports.
+    started = time.perf_counter()
     try:
         yield
     finally:
-        _unregister_process_group(name)
-        _register_process_group(name, original)
+        counters["collective_autotuning"][counter] += time.perf_counter() - started
 
 
-@dataclasses.dataclass
-class _GroupState:
-    # Per-group counters advance at the same protocol steps on every member,
-    # so they name the same store keys everywhere.
-    sessions: int = 0
-    channels: int = 0
-    channel: dist.ProcessGroup | None = None
-    channel_timeout: timedelta | None = None
-    # The group the channel mirrors: a group re-created under the same name
-    # (destroy_process_group, then init again) must not reuse the old channel.
-    group: dist.ProcessGroup | None = None
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-_group_states: dict[str, _GroupState] = {}
-
-
-@atexit.register
-def _release_channels() -> None:
-    # Benchmark channels are process groups that destroy_process_group() does
-    # not know about.  Release them while the interpreter is still alive: a
-    # gloo worker thread that drops a tensor during interpreter finalization
-    # needs the GIL and aborts the process (pytorch/pytorch#190489).
-    _group_states.clear()
-
-
-def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
-    """``group`` as a ``ProcessGroup`` (``None``: the default group, a str: by name).
-
-    Raises :class:`CollectiveBenchmarkError` when torch.distributed is not
-    initialized: collective autotuning needs every rank's process group.
-    """
-    if not dist.is_available() or not dist.is_initialized():
-        raise CollectiveBenchmarkError(
-            "collective autotuning needs an initialized default process group "
-            "(torch.distributed.init_process_group) on every rank"
-        )
-    if group is None:
-        return dist.group.WORLD
-    if isinstance(group, str):
-        return dist.distributed_c10d._resolve_process_group(group)
-    return group
-
-
-# --- the benchmarker ----------------------------------------------------------
+# --- the benchmarker ----------------------------------------------------------------
 class CollectiveBenchmarker:
     """Benchmarks collective candidates in lock-step over one process group.
 
@@ -602,9 +412,7 @@ class CollectiveBenchmarker:
         self.device = device
         self.rank = self.group.rank()
         self.size = self.group.size()
-        self._state = _group_states.setdefault(self.group_name, _GroupState())
-        if self._state.group is not self.group:
-            self._state.group, self._state.channel = self.group, None
+        self._state = group_state(self.group)
         self._prepare_errors: dict[tuple[int, str], str] = {}
 
     # The public entry points --------------------------------------------------
@@ -625,7 +433,7 @@ class CollectiveBenchmarker:
         benchmarked in preference order (its default first, then the given
         order); at most one candidate per op may be the default, and its first
         output is the reference against which the op's other candidates are
-        screened.  One commit ends the session.
+        screened.  One exchange and one commit end the session.
 
         Returns the decisions in ``ops`` order (a disqualified candidate has an
         infinite time; ``winner`` is ``None`` when none of an op's candidates
@@ -633,6 +441,7 @@ class CollectiveBenchmarker:
         member when a member is lost or the members' ops differ; never returns
         a decision that a healthy member does not share.
         """
+        ensure_heartbeat()
         started = time.perf_counter()
         rounds: list[tuple[int, Candidate]] = []
         for op_index, op in enumerate(ops):
@@ -640,29 +449,31 @@ class CollectiveBenchmarker:
                 raise ValueError(f"at most one candidate can be the default (op {op.key!r})")
             ordered = sorted(op.candidates, key=lambda candidate: not candidate.is_default)
             rounds.extend((op_index, candidate) for candidate in ordered)
-        self._prepare_errors = {}
-        for op_index, candidate in rounds:
-            try:
-                if candidate.prepare is not None:
-                    candidate.prepare()
-            except Exception as error:  # the candidate is disqualified in its round, on every rank
-                log.warning("collective autotuning: preparing %s failed", candidate.name, exc_info=True)
-                self._prepare_errors[(op_index, candidate.name)] = repr(error)
-        prepared = time.perf_counter()
         self._state.sessions += 1
-        control = _ControlStore(
-            f"{_STORE_PREFIX}/{self.group_name}/session{self._state.sessions}/", self.group, self.config.timeout
+        control = ControlStore(
+            f"{STORE_PREFIX}/{self.group_name}/session{self._state.sessions}/",
+            self.group,
+            self.config.timeout,
+            self.config.max_wait,
         )
-        op_digests = [
-            _digest(f"{op.key}|{[candidate.name for candidate in op.candidates]}") for op in ops
-        ]
-        self._join(control, op_digests, ops)
-        try:
-            with no_python_dispatcher():
-                results = self._run_rounds(rounds, control)
-        except CollectiveBenchmarkError:
-            self._drop_channel()  # a peer is gone; a later session must not reuse the channel
-            raise
+        with control.session():
+            self._prepare_errors = {}
+            for op_index, candidate in rounds:
+                try:
+                    if candidate.prepare is not None:
+                        candidate.prepare()
+                except Exception as error:  # the candidate is disqualified in its round, on every rank
+                    log.warning("collective autotuning: preparing %s failed", candidate.name, exc_info=True)
+                    self._prepare_errors[(op_index, candidate.name)] = repr(error)
+            prepared = time.perf_counter()
+            op_digests = [_digest(f"{op.key}|{[candidate.name for candidate in op.candidates]}") for op in ops]
+            self._join(control, op_digests, ops)
+            try:
+                with no_python_dispatcher():
+                    results = self._run_session(rounds, control)
+            except CollectiveBenchmarkError:
+                self._drop_channel()  # a peer is gone; a later session must not reuse the channel
+                raise
         decisions = []
         for op_index in range(len(ops)):
             decision = self._decide([result for (i, _), result in zip(rounds, results) if i == op_index])
@@ -674,9 +485,9 @@ class CollectiveBenchmarker:
         stats["session_s"] += time.perf_counter() - prepared
         return decisions
 
-    def _join(self, control: _ControlStore, op_digests: list[str], ops: Sequence[OpToTune]) -> None:
-        # The pre-sync: one bounded store rendezvous per session.  Posting the
-        # per-op digests (not only their combined digest) lets every member name the
+    def _join(self, control: ControlStore, op_digests: list[str], ops: Sequence[OpToTune]) -> None:
+        # The pre-sync: one store rendezvous per session.  Posting the per-op
+        # digests (not only their combined digest) lets every member name the
         # first op at which the members differ.
         digest = _digest(f"{op_digests}|{self.config}")
         with _timed("presync_s"):
@@ -703,103 +514,130 @@ class CollectiveBenchmarker:
             f"candidates on this rank: {[[c.name for c in op.candidates] for op in ops]})"
         )
 
-    # Rounds -------------------------------------------------------------------
-    def _run_rounds(self, rounds: Sequence[tuple[int, Candidate]], control: _ControlStore) -> list[CandidateResult]:
-        results: dict[int, CandidateResult] = {}
+    # The session's steps ------------------------------------------------------
+    def _run_session(self, rounds: Sequence[tuple[int, Candidate]], control: ControlStore) -> list[CandidateResult]:
+        # Steps 0..n-1 are the rounds, n the exchange, n + 1 the commit; a
+        # member that committed counts as past every step (n + 2).
+        exchange, commit = len(rounds), len(rounds) + 1
+        local: dict[int, RankReport] = {}  # this rank's outcome of each round it completed
+        failed: dict[int, CandidateResult] = {}  # rounds disqualified by a failure agreement
         attempts = [1] * len(rounds)
+        exchange_attempts = 1
         references: dict[int, torch.Tensor] = {}  # per op: its default's first output
+        gathered: list[list[float]] = []
         epoch = 0
-        index = 0
-        while index <= len(rounds):  # the round after the last candidate is the commit
-            failure = None
+        step = 0
+        while True:
             try:
-                if index == len(rounds):
-                    self._commit()
-                    break
-                op_index, candidate = rounds[index]
-                reports, output = self._round(op_index, candidate, references.get(op_index))
-                if candidate.is_default and output is not None:
-                    references[op_index] = output.clone()
-                results[index] = CandidateResult(candidate.name, reports, attempts[index], "exchange")
-                index += 1
-            except _RoundFailed as error:
-                failure = f"{index}:{int(error.status)}:{error.stage}"
-                log.info("collective autotuning: round %d failed on this rank: %s", index, error)
-            if failure is None:
-                continue
+                if step < exchange:
+                    if step not in failed:
+                        op_index, candidate = rounds[step]
+                        local[step], output = self._round(op_index, candidate, references.get(op_index))
+                        if candidate.is_default and output is not None:
+                            references[op_index] = output.clone()
+                    step += 1
+                    continue
+                if step == exchange:
+                    gathered = self._exchange([local.get(i, RankReport(CandidateStatus.OK)) for i in range(exchange)])
+                    step += 1
+                    continue
+                self._commit()
+                control.post("committed", "")
+                break
+            except _StepFailed as error:
+                failure = f"{step}:{int(error.status)}:{error.stage}"
+                log.info("collective autotuning: step %d failed on this rank: %s", step, error)
             # Only now, with the exception and its frames gone, is this rank's
             # last reference to the channel the one dropped here.
             self._drop_channel()
             epoch += 1
             with _timed("sync_s"):
-                posts = control.rendezvous(f"failure{epoch}", failure, "failure agreement")
-            failed_round, reports, stage = _earliest_failure(posts)
-            if failed_round == len(rounds):
-                break  # every member finished every round; only the commit failed
-            for later in [i for i in results if i >= failed_round]:
-                del results[later]
-            failed_op, failed_candidate = rounds[failed_round]
-            for later_op in {op for op, _ in rounds[failed_round:]}:
+                posts = control.rendezvous(f"failure{epoch}", failure, "failure agreement", also=["committed"])
+            posts = [f"{commit + 1}:0:committed" if post.startswith("committed:") else post for post in posts]
+            failed_step, reports, stage = earliest_failure(posts)
+            if failed_step >= commit:
+                break  # every member exchanged; the commit failed somewhere: decide with the exchange
+            if failed_step == exchange:
+                if exchange_attempts > self.config.retries + 1:
+                    raise CollectiveBenchmarkError(
+                        f"collective autotuning: the exchange of group {self.group_name!r} failed "
+                        f"{exchange_attempts} times ({stage}); its channel cannot carry a collective"
+                    )
+                exchange_attempts += 1
+                step = exchange
+                continue
+            for later in [i for i in local if i >= failed_step]:
+                del local[later]
+            failed_op, failed_candidate = rounds[failed_step]
+            for later_op in {op for op, _ in rounds[failed_step:]}:
                 if later_op != failed_op or failed_candidate.is_default:
                     references.pop(later_op, None)
             status = max(report.status for report in reports)
-            if status.retryable and attempts[failed_round] <= self.config.retries:
-                attempts[failed_round] += 1
-                index = failed_round
+            if status.retryable and attempts[failed_step] <= self.config.retries:
+                attempts[failed_step] += 1
+                step = failed_step
                 continue
-            results[failed_round] = CandidateResult(failed_candidate.name, reports, attempts[failed_round], stage)
-            index = failed_round + 1
-        return [results[i] for i in range(len(rounds))]
+            failed[failed_step] = CandidateResult(failed_candidate.name, reports, attempts[failed_step], stage)
+            step = failed_step + 1
+        return [
+            failed.get(i)
+            or CandidateResult(
+                candidate.name,
+                tuple(RankReport(CandidateStatus(int(row[2 * i])), row[2 * i + 1]) for row in gathered),
+                attempts[i],
+                "exchange",
+            )
+            for i, (_, candidate) in enumerate(rounds)
+        ]
 
     def _round(
         self, op_index: int, candidate: Candidate, reference: torch.Tensor | None
-    ) -> tuple[tuple[RankReport, ...], torch.Tensor | None]:
+    ) -> tuple[RankReport, torch.Tensor | None]:
         if (op_index, candidate.name) in self._prepare_errors:
-            raise _RoundFailed(CandidateStatus.RAISED, "prepare")
+            raise _StepFailed(CandidateStatus.RAISED, "prepare")
         channel = self._channel()
-        status, output, median = CandidateStatus.OK, None, math.nan
+        status, output = CandidateStatus.OK, None
         counters["collective_autotuning"]["rounds"] += 1
-        with _registered_as(self.group_name, channel):
+        with registered_as(self.group_name, channel):
             stage = "warmup"
             try:
                 with _timed("warmup_s"):
                     for i in range(max(1, self.config.nwarmup)):
                         value = candidate.fn()
                         if i == 0:
-                            output = _first_tensor(value)
+                            output = first_tensor(value)
                             _wait_device(self.device, self._step_deadline())
-                            if self.config.screen and not candidate.is_default and not _matches(output, reference):
+                            if self.config.screen and not candidate.is_default and not outputs_match(output, reference):
                                 status = CandidateStatus.WRONG_RESULT
                     _wait_device(self.device, self._step_deadline())
-                stage = "warmup agreement"
-                with _timed("sync_s"):
-                    worst = CandidateStatus(int(self._all_reduce_max(channel, float(status))))
-                if worst is CandidateStatus.OK:
-                    stage = "timed runs"
-                    with _timed("timed_s"):
-                        median = statistics.median(
-                            time_runs(candidate.fn, self.config.nruns, self.device, self._step_deadline())
-                        )
-                stage = "exchange"
-                with _timed("sync_s"):
-                    gathered = self._all_gather(channel, [float(status), median])
-            except _RoundFailed:
-                raise
+                stage = "timed runs"
+                with _timed("timed_s"):
+                    median = statistics.median(
+                        time_runs(candidate.fn, self.config.nruns, self.device, self._step_deadline())
+                    )
             except Exception as error:
-                raise _RoundFailed(_classify(error), stage, error) from error
-        reports = tuple(RankReport(CandidateStatus(int(s)), m) for s, m in gathered)
-        return reports, output
+                raise _StepFailed(_classify(error), stage, error) from error
+        return RankReport(status, median), output
+
+    def _exchange(self, reports: list[RankReport]) -> list[list[float]]:
+        # Every round's [status, median] of every member, in one collective.
+        channel = self._channel()
+        try:
+            with _timed("sync_s"):
+                flat = [value for report in reports for value in (float(report.status), report.median_ms)]
+                gathered = self._all_gather(channel, flat)
+        except Exception as error:
+            raise _StepFailed(_classify(error), "exchange", error) from error
+        counters["collective_autotuning"]["exchanges"] += 1
+        return gathered
 
     def _commit(self) -> None:
-        # One collective that completes only once every member left its last
-        # exchange: without it a member could end the session while a peer
-        # still fails that exchange.
         channel = self._channel()
         try:
             with _timed("sync_s"):
                 self._all_reduce_max(channel, 0.0)
         except Exception as error:
-            raise _RoundFailed(_classify(error), "commit", error) from error
+            raise _StepFailed(_classify(error), "commit", error) from error
 
     # Channel operations --------------------------------------------------------
     def _channel(self) -> dist.ProcessGroup:
@@ -808,11 +646,11 @@ class CollectiveBenchmarker:
         if self._state.channel is None:
             self._state.channels += 1
             self._state.channel_timeout = self.config.timeout
-            prefix = f"{_STORE_PREFIX}/{self.group_name}/channel{self._state.channels}/"
+            prefix = f"{STORE_PREFIX}/{self.group_name}/channel{self._state.channels}/"
             try:
-                self._state.channel = _build_channel(self.group, prefix, self.config.timeout)
+                self._state.channel = build_channel(self.group, prefix, self.config.timeout)
             except Exception as error:
-                raise _RoundFailed(_classify(error), "channel setup", error) from error
+                raise _StepFailed(_classify(error), "channel setup", error) from error
         return self._state.channel
 
     def _drop_channel(self) -> None:
@@ -834,6 +672,7 @@ class CollectiveBenchmarker:
             raise CollectiveBenchmarkTimeout("a benchmark collective did not complete in time")
 
     def _all_reduce_max(self, channel: dist.ProcessGroup, value: float) -> float:
+        counters["collective_autotuning"]["sync_collectives"] += 1
         tensor = self._reduction_tensor([value])
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.MAX
@@ -841,6 +680,7 @@ class CollectiveBenchmarker:
         return float(tensor.item())
 
     def _all_gather(self, channel: dist.ProcessGroup, values: list[float]) -> list[list[float]]:
+        counters["collective_autotuning"]["sync_collectives"] += 1
         tensor = self._reduction_tensor(values)
         gathered = [torch.empty_like(tensor) for _ in range(self.size)]
         self._wait(channel.allgather([gathered], [tensor]))
@@ -885,37 +725,6 @@ class CollectiveBenchmarker:
             )
             lines.append(f"  {result.name:<40} {verdict:<40} attempts={result.attempts}  {per_rank}")
         decision_log.debug("\n".join(lines))
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-@contextmanager
-def _timed(counter: str) -> Iterator[None]:
-    # Seconds spent per protocol step, in counters["collective_autotuning"]:
-    # what scripts/bench_collective_autotuning.py reports.
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        counters["collective_autotuning"][counter] += time.perf_counter() - started
-
-
-def _earliest_failure(posts: Sequence[str]) -> tuple[int, tuple[RankReport, ...], str]:
-    """The round every member blames for a failure, from the members' reports.
-
-    Each post is ``"round:status:stage"``.  The earliest reported round is the
-    one that failed: a member that reported a later round had finished it and
-    saw it succeed (status OK).  Pure and order-independent, so every member
-    derives the same result from the same posts.
-    """
-    parsed = [(int(r), CandidateStatus(int(s)), stage) for r, s, stage in (p.split(":", 2) for p in posts)]
-    earliest = min(r for r, _, _ in parsed)
-    reports = tuple(RankReport(s if r == earliest else CandidateStatus.OK) for r, s, _ in parsed)
-    worst = max(reports, key=lambda report: report.status)
-    stage = next(st for (r, s, st) in parsed if r == earliest and s == worst.status)
-    return earliest, reports, stage
 
 
 # --- conveniences ---------------------------------------------------------------
@@ -1003,7 +812,7 @@ def collective_candidates(
             Candidate(
                 f"{index}:{getattr(choice, 'name', type(choice).__name__)}",
                 _choice_runner(choice, inputs, output),
-                is_default=_is_default_choice(choice) and not any(c.is_default for c in candidates),
+                is_default=is_default_choice(choice) and not any(c.is_default for c in candidates),
                 # Subgraph choices compile lazily on their first run.
                 prepare=getattr(choice, "_ensure_compiled", None),
             )

@@ -1,0 +1,178 @@
+"""The decision rules of collective benchmarking: pure functions of what the ranks agreed on.
+
+Every rank of a group applies these rules to the same inputs (the exchanged
+reports, or the failure posts read from the store) and so takes the same
+decision without further communication.  Nothing here touches a process
+group or the store, which is what makes the rules testable without ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+
+__all__ = [
+    "CandidateResult",
+    "CandidateStatus",
+    "CollectiveDecision",
+    "RankReport",
+    "SCREENING_TOLERANCES",
+    "earliest_failure",
+    "first_tensor",
+    "is_default_choice",
+    "outputs_match",
+    "pick_winner",
+    "select_winner",
+]
+
+
+class CandidateStatus(enum.IntEnum):
+    """Outcome of one candidate on one rank; a larger value is a worse outcome.
+
+    The worst status over the ranks is the candidate's status, so the order
+    matters: a rank that only saw the channel fail under it reports
+    ``PEER_FAILED`` and the rank that caused it reports the cause.
+    """
+
+    OK = 0
+    PEER_FAILED = 1  # a collective failed because another rank left the round
+    TIMED_OUT = 2  # a collective step did not complete within the timeout
+    WRONG_RESULT = 3  # output differs from the default's beyond tolerance
+    RAISED = 4  # the candidate raised on this rank
+
+    @property
+    def retryable(self) -> bool:
+        return self in (CandidateStatus.PEER_FAILED, CandidateStatus.TIMED_OUT)
+
+
+# Screening tolerances (rtol, atol) per output dtype.  Candidates legitimately
+# reduce in a different order than the default (a ring all_reduce against
+# reduce_scatter + all_gather), so floating types allow a few ulps per rank on
+# top of torch.testing's defaults; integer and bool outputs must match exactly.
+SCREENING_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float8_e4m3fn: (1.25e-1, 1e-1),
+    torch.float8_e5m2: (2.5e-1, 1e-1),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RankReport:
+    """What one rank reported for one candidate (``median_ms`` is nan when not timed)."""
+
+    status: CandidateStatus
+    median_ms: float = math.nan
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateResult:
+    """The agreed outcome of one candidate: identical on every rank."""
+
+    name: str
+    reports: tuple[RankReport, ...]
+    attempts: int = 1
+    stage: str = ""  # where the worst status arose, for the log
+
+    @property
+    def status(self) -> CandidateStatus:
+        return max(report.status for report in self.reports)
+
+    @property
+    def time_ms(self) -> float:
+        """The slowest rank's median, or inf when the candidate is disqualified."""
+        if self.status is not CandidateStatus.OK:
+            return math.inf
+        return max(report.median_ms for report in self.reports)
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveDecision:
+    """The outcome of a session for one op, identical on every rank of the group."""
+
+    group_name: str
+    results: tuple[CandidateResult, ...]
+    winner: str | None
+    reason: str
+
+    def time_ms(self, name: str) -> float:
+        return next(result.time_ms for result in self.results if result.name == name)
+
+
+# --- choosing -------------------------------------------------------------------
+def pick_winner(times_ms: Sequence[float], tie_tolerance: float) -> int | None:
+    """Index of the winner among ``times_ms``, listed in preference order.
+
+    Disqualified candidates have an infinite time.  Every candidate within
+    ``tie_tolerance`` (relative) of the fastest is tied with it, and the first
+    tied candidate wins: the result depends only on the agreed times and the
+    order, never on noise below the tolerance.  ``None`` when all are infinite.
+    """
+    qualified = [i for i, t in enumerate(times_ms) if math.isfinite(t)]
+    if not qualified:
+        return None
+    fastest = min(times_ms[i] for i in qualified)
+    return next(i for i in qualified if times_ms[i] <= fastest * (1.0 + tie_tolerance))
+
+
+def is_default_choice(choice: Any) -> bool:
+    """Whether an Inductor choice is the op's own eager implementation (it has no subgraph)."""
+    return getattr(choice, "gm", None) is None
+
+
+def select_winner(timings: Mapping[Any, float], choices: Sequence[Any], tie_tolerance: float) -> Any | None:
+    """The winning choice given agreed ``timings``: the default first, then ``choices`` order.
+
+    A pure function of its arguments; ranks that agree on the timings pick the
+    same choice.  ``None`` when no choice has a finite time.
+    """
+    ordered = sorted((choice for choice in choices if choice in timings), key=lambda c: not is_default_choice(c))
+    index = pick_winner([timings[choice] for choice in ordered], tie_tolerance)
+    return None if index is None else ordered[index]
+
+
+# --- screening ------------------------------------------------------------------
+def first_tensor(value: Any) -> torch.Tensor | None:
+    """The output tensor of a candidate's result: itself, or the first tensor of a sequence."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        return next((item for item in value if isinstance(item, torch.Tensor)), None)
+    return None
+
+
+def outputs_match(output: torch.Tensor | None, reference: torch.Tensor | None) -> bool:
+    """Whether a candidate's output equals the default's within :data:`SCREENING_TOLERANCES`."""
+    if reference is None:
+        return True  # the default did not produce a reference: nothing to screen against
+    if output is None or output.shape != reference.shape or output.dtype != reference.dtype:
+        return False
+    rtol, atol = SCREENING_TOLERANCES.get(reference.dtype, (0.0, 0.0))
+    return torch.allclose(output, reference, rtol=rtol, atol=atol, equal_nan=True)
+
+
+# --- failure agreement ------------------------------------------------------------
+def earliest_failure(posts: Sequence[str]) -> tuple[int, tuple[RankReport, ...], str]:
+    """The step every member blames for a failure, from the members' reports.
+
+    Each post is ``"step:status:stage"``, the step being a round, or a later
+    step of the session (its exchange, its commit, or past it).  The earliest
+    reported step is the one that failed: a member that reported a later step
+    had finished it and saw it succeed (status OK).  Pure and
+    order-independent, so every member derives the same result from the same
+    posts.
+    """
+    parsed = [(int(s), CandidateStatus(int(st)), stage) for s, st, stage in (p.split(":", 2) for p in posts)]
+    earliest = min(step for step, _, _ in parsed)
+    reports = tuple(RankReport(status if step == earliest else CandidateStatus.OK) for step, status, _ in parsed)
+    worst = max(reports, key=lambda report: report.status)
+    stage = next(st for (step, status, st) in parsed if step == earliest and status == worst.status)
+    return earliest, reports, stage
