@@ -7,8 +7,16 @@ all of a graph's collective ops in the scheduler, one session per process
 group, each candidate timed with its pointwise epilogue.  See
 ``torch/_inductor/collective_autotuning.py``.
 
-Four tables, from one run of this script (gloo, ``--nproc`` local ranks
+Five tables, from one run of this script (gloo, ``--nproc`` local ranks
 per launch, one process each, rendezvous over env://):
+
+0. **Compile wall time** of a program of n identical all_reduce custom ops
+   (the eager default and two registered implementations), each followed by
+   ``relu(y * 0.5 + (i + 1))``, for n = 1, 3, 8 and 32, and of 8 distinct ones (the
+   same op on 8 inputs of different sizes): the slowest rank's first call,
+   in fresh processes with Inductor's caches off (a private cache directory
+   per launch), without autotuning (no implementation registered), with V1
+   and with V2, side by side.  Overhead = tuned - untuned.
 
 1. **Autotuning overhead** for a graph of 1, 3 and 8 collective ops (each an
    all_reduce custom op with three implementations: the eager default, a
@@ -39,9 +47,9 @@ per launch, one process each, rendezvous over env://):
    (``--compare-with REV``, default ``a1a8df1``: the protocol before the
    session exchange, which all-reduced a status before each candidate's timed
    runs and all-gathered its result after them).  The same three candidates
-   of 3 ops, benchmarked in one launch by both protocols in turn, 5 sessions
-   each: per candidate the median of the agreed times, and how often each
-   protocol picked each winner.
+   of 3 ops, benchmarked in one launch by both protocols in turn, 15
+   sessions each: per candidate the median and inter-quartile range of the
+   agreed times, and how often each protocol picked each winner.
 
 4. **Run time of a tensor-parallel block** ``relu(all_reduce(x @ w) + b)``
    compiled three ways in the same processes: the eager default
@@ -51,7 +59,7 @@ per launch, one process each, rendezvous over env://):
 
 Usage:
   python scripts/bench_collective_autotuning.py [--nproc 2,4] [--ops 1,3,8] [--runs 50]
-      [--compare-with REV] [--tables overhead,protocol,compare,block]
+      [--compare-with REV] [--tables compile,overhead,protocol,compare,block] [--compile-ops 1,3,8,32,8d]
 """
 
 import argparse
@@ -73,6 +81,7 @@ COUNTERS = ("presync", "prepare_s", "session_s", "timed_s", "warmup_s", "presync
 # The last protocol with a synchronization per candidate (see --compare-with).
 PER_CANDIDATE_PROTOCOL = "a1a8df1"
 PROTOCOL_PATH = "torch_overlay/torch/_inductor/runtime/collective_benchmarking.py"
+COMPARE_SESSIONS = 15
 
 
 # --- worker (one process per rank) --------------------------------------------------
@@ -117,7 +126,8 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
         shard = funcol.wait_tensor(funcol.reduce_scatter_tensor(mark(x, "rs_ag"), "sum", world, group_name))
         return funcol.wait_tensor(funcol.all_gather_into_tensor(shard, world, group_name))
 
-    register_custom_op_autotuning(all_reduce_op, configs=[CustomOpConfig(direct), CustomOpConfig(rs_ag)])
+    if path != "none":
+        register_custom_op_autotuning(all_reduce_op, configs=[CustomOpConfig(direct), CustomOpConfig(rs_ag)])
 
     def path_patches(path: str) -> dict:
         patches = dict(
@@ -173,6 +183,7 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
 
         spec = importlib.util.spec_from_file_location("per_candidate_protocol", path)
         previous = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = previous  # its dataclasses look their module up there
         spec.loader.exec_module(previous)
         previous._STORE_PREFIX = "per_candidate_protocol"  # its sessions must not meet this one's keys
         x = torch.ones(1 << 16)
@@ -185,7 +196,7 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             protocols[label] = (module.CollectiveBenchmarker(None, config), ops)
         medians: dict[str, list[float]] = {}
         winners: dict[str, list[str]] = {}
-        for _ in range(5):  # the two protocols in turn, so that both see the same machine
+        for _ in range(COMPARE_SESSIONS):  # the two protocols in turn, so that both see the same machine
             for label, (benchmarker, ops) in protocols.items():
                 dist.barrier()
                 for decision in benchmarker.run_batch(ops):
@@ -193,6 +204,24 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
                         medians.setdefault(f"{label}|{result.name}", []).append(result.time_ms)
                     winners.setdefault(label, []).append(decision.winner)
         report.update(medians=medians, winners=winners)
+    elif mode == "compile":
+        distinct = nops < 0  # -n: n distinct ops, the same op on inputs of n sizes
+        count = abs(nops)
+        sizes = [(1 << 12) + (256 * i if distinct else 0) for i in range(count)]
+
+        def program(*xs):
+            return [torch.relu(all_reduce_op(x) * 0.5 + (i + 1)) for i, x in enumerate(xs)]
+
+        xs = [torch.ones(size) / world for size in sizes]
+        # "none": nothing is registered, so the op compiles as a plain custom op.
+        with inductor_config.patch(**path_patches("V1" if path == "none" else path)):
+            compiled = torch.compile(program)
+            dist.barrier()
+            counters.clear()
+            start = time.perf_counter()
+            compiled(*xs)
+            report["first_call_s"] = time.perf_counter() - start
+        report["benchmarked"] = counters["collective_autotuning"]["ops"]
     elif mode == "overhead":
 
         def program(x):
@@ -266,6 +295,29 @@ def launch(nproc: int, *worker_args: str) -> list[dict]:
         return reports
 
 
+def compile_table(nprocs: list[int], programs: list[str]) -> None:
+    print(
+        "\nCompile wall time: first call of a program of n collective ops, each followed by relu(y * 0.5 + (i + 1)); "
+        "slowest rank, fresh processes, caches off; seconds\n"
+    )
+    print("| ranks | ops | no autotuning | V1 | V2 | overhead V1 | overhead V2 | ops benchmarked V1 / V2 |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for nproc in nprocs:
+        for program in programs:
+            nops = -int(program[:-1]) if program.endswith("d") else int(program)
+            label = f"{abs(nops)} distinct" if nops < 0 else f"{nops} identical"
+            rows = {path: launch(nproc, "compile", path, str(nops), "0") for path in ("none", "V1", "V2")}
+            wall = {path: max(r["first_call_s"] for r in reports) for path, reports in rows.items()}
+            overhead = {path: wall[path] - wall["none"] for path in ("V1", "V2")}
+            benchmarked = "/".join(str(rows[path][0]["benchmarked"]) for path in ("V1", "V2"))
+            print(
+                f"| {nproc} | {label} | {wall['none']:.1f} | {wall['V1']:.1f} | {wall['V2']:.1f} "
+                f"| {overhead['V1']:+.1f} s ({overhead['V1'] / wall['none']:.0%}) "
+                f"| {overhead['V2']:+.1f} s ({overhead['V2'] / wall['none']:.0%}) | {benchmarked} |",
+                flush=True,
+            )
+
+
 def overhead_table(nprocs: list[int], op_counts: list[int]) -> None:
     print("\nAutotuning overhead per compile (slowest rank; seconds unless noted)\n")
     print("| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | exchange sync | sync V2/V1 |")
@@ -321,11 +373,16 @@ def compare_table(nprocs: list[int], revision: str) -> None:
     ).stdout
     print(
         f"\nMedians and winners: the per-candidate barrier ({revision}) against the session exchange, the same "
-        "3 ops x 3 candidates benchmarked by both in turn, 5 sessions each; agreed time (slowest rank's median), "
-        "median over the sessions, ms\n"
+        f"3 ops x 3 candidates benchmarked by both in turn, {COMPARE_SESSIONS} sessions each; agreed time "
+        "(slowest rank's median) per op and session: median [inter-quartile range], ms\n"
     )
     print("| ranks | candidate | per-candidate barrier | session exchange | ratio | winners (per-candidate) | winners (session) |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
+
+    def summary(values: list[float]) -> str:
+        q1, median, q3 = statistics.quantiles(values, n=4)
+        return f"{median:.3f} [{q1:.3f}, {q3:.3f}]"
+
     with tempfile.NamedTemporaryFile("w", suffix=".py") as module:
         module.write(source)
         module.flush()
@@ -333,10 +390,13 @@ def compare_table(nprocs: list[int], revision: str) -> None:
             report = launch(nproc, "compare", module.name, "3", "0")[0]  # agreed values: the same on every rank
             winners = {label: collections.Counter(report["winners"][label]) for label in ("per-candidate", "session")}
             for name in ("default", "direct", "rs_ag"):
-                before = statistics.median(report["medians"][f"per-candidate|{name}"])
-                after = statistics.median(report["medians"][f"session|{name}"])
+                before, after = (report["medians"][f"{label}|{name}"] for label in ("per-candidate", "session"))
+                ratio = statistics.median(after) / statistics.median(before)
                 cells = [f"{winners[label][name]}/{sum(winners[label].values())}" for label in winners]
-                print(f"| {nproc} | {name} | {before:.3f} | {after:.3f} | {after / before:.2f} | {' | '.join(cells)} |")
+                print(
+                    f"| {nproc} | {name} | {summary(before)} | {summary(after)} | {ratio:.2f} | {' | '.join(cells)} |",
+                    flush=True,
+                )
 
 
 def block_table(nprocs: list[int], runs: int) -> None:
@@ -362,7 +422,8 @@ def main() -> None:
     parser.add_argument("--ops", default="1,3,8", help="comma-separated collective op counts")
     parser.add_argument("--runs", type=int, default=50, help="timed calls of the compiled block")
     parser.add_argument("--compare-with", default=PER_CANDIDATE_PROTOCOL, help="git revision of the older protocol")
-    parser.add_argument("--tables", default="overhead,protocol,compare,block", help="which tables to print")
+    parser.add_argument("--tables", default="compile,overhead,protocol,compare,block", help="which tables to print")
+    parser.add_argument("--compile-ops", default="1,3,8,32,8d", help="programs of the compile table (Nd: N distinct)")
     parser.add_argument("--worker", nargs=4, metavar=("MODE", "PATH", "NOPS", "RUNS"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -376,6 +437,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, gloo, {os.cpu_count()} CPUs, {NWARMUP} warmup + {NRUNS} timed runs per candidate")
     op_counts = [int(n) for n in args.ops.split(",")]
     tables = args.tables.split(",")
+    if "compile" in tables:
+        compile_table(nprocs, args.compile_ops.split(","))
     if "overhead" in tables:
         overhead_table(nprocs, op_counts)
     if "protocol" in tables:

@@ -44,6 +44,7 @@ import unittest
 import torch
 import torch.distributed as dist
 import torch._inductor.config as inductor_config
+from torch._dynamo.utils import counters
 from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.testing._internal.common_distributed import MultiProcessTestCase
@@ -575,7 +576,8 @@ for _world_size in (2, 3, 4):
 
 
 class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
-    """Ranks that do not run the same session get a clear error, on every rank, within the timeout."""
+    """Ranks that do not run the same session get a clear error, on every rank, within the timeout;
+    ranks that remember different decisions benchmark together."""
 
     TIMEOUT = datetime.timedelta(seconds=3)
 
@@ -592,6 +594,45 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         candidate = Candidate("c", lambda: _wait(funcol.all_reduce(torch.ones(2), "sum", _group_name())))
         with self.assertRaisesRegex(CollectiveBenchmarkError, "not tuning the same op"):
             benchmarker.run([candidate], key=f"op shapes on rank {self.rank}")
+        dist.destroy_process_group()
+
+    def test_decision_remembered_by_one_rank_only_is_benchmarked_by_all(self):
+        from torch._inductor.runtime import collective_benchmarking as cb
+
+        benchmarker = self._benchmarker()
+        prepared, ran = collections.Counter(), collections.Counter()
+
+        def candidate(name: str, is_default: bool = False) -> cb.Candidate:
+            def fn():
+                ran[name] += 1
+                return _wait(funcol.all_reduce(torch.ones(2), "sum", _group_name()))
+
+            return cb.Candidate(name, fn, is_default, prepare=lambda: prepared.update([name]))
+
+        op = cb.OpToTune("op", [candidate("default", True), candidate("other")], memo_key="op measured alone")
+        first = benchmarker.run_batch([op])[0]
+        if self.rank == 1:
+            cb._remembered.clear()  # as after a restart, or a recompile on this rank alone
+        prepared.clear()
+        ran.clear()
+        counters.clear()
+        second = benchmarker.run_batch([op])[0]
+        # Benchmarked again on every rank, both candidates compiled everywhere
+        # (rank 0 after the join: it had skipped what it remembered).
+        self.assertEqual(dict(prepared), {"default": 1, "other": 1})
+        self.assertEqual(dict(ran), {"default": 2, "other": 2})  # nwarmup + nruns of 1 each
+        self.assertEqual(counters["collective_autotuning"]["ops"], 1)
+        self.assertEqual(counters["collective_autotuning"]["presync"], 1)
+        decisions: list = [None] * self.world_size
+        dist.all_gather_object(decisions, (second.winner, [r.time_ms for r in second.results]))
+        self.assertEqual(len({repr(d) for d in decisions}), 1)
+        self.assertIsNotNone(first.winner)
+        # Remembered alike by every rank now: adopted, nothing runs.
+        ran.clear()
+        third = benchmarker.run_batch([op])[0]
+        self.assertEqual(dict(ran), {})
+        self.assertEqual((third.winner, third.results), (second.winner, second.results))
+        self.assertIn("remembered alike by every rank", third.reason)
         dist.destroy_process_group()
 
     def test_sync_with_timeout_raises_when_a_rank_is_late(self):

@@ -19,6 +19,17 @@ this file checks the scheduler-level behaviour (torch/_inductor/collective_autot
 * An op registered with ``include_fallback=False`` (no eager default among
   its choices, since torch 2.15.0): under both paths the decompositions alone
   compete, the eager implementation never runs, and the fastest wins.
+* Identical nodes are tuned once: three nodes of one op on equal inputs,
+  each followed by ``relu(y * 0.5 + (i + 1))`` (constants differ; an
+  ``+ 0`` would be removed before lowering, a different epilogue), share one
+  benchmark; a fourth on another input size gets its own.  Counted by the
+  benchmarker (2 ops benchmarked, 2 nodes sharing), every candidate ran
+  exactly the warmup and timed runs of 2 ops, and all four nodes run the
+  expected winner on every rank with the exact result.
+* Decisions are shared within a process: an op tuned under V1, then the same
+  op (no epilogue) in a new graph under V2, and the reverse: the second
+  compile benchmarks nothing (every rank remembers the decision), runs no
+  candidate while compiling, and runs the same winner.
 """
 
 from __future__ import annotations
@@ -198,6 +209,75 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
                 result = compiled(x)
             self.assertEqual(self._ran_everywhere(list(RAN)), [["rs_ag"]] * self.world_size)
             torch.testing.assert_close(result, expected, rtol=0, atol=0)
+        dist.destroy_process_group()
+
+    def test_identical_nodes_are_tuned_once(self):
+        self._init_process_group()
+        register_custom_op_autotuning(
+            all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
+        )
+        DELAY_MS.clear()
+        DELAY_MS.update({"default": SLOW_MS, "direct": SLOW_MS})  # rs_ag wins
+
+        def program(x, small):
+            for i in range(3):
+                x = torch.relu(all_reduce_op(x) * 0.5 + (i + 1))
+            return x, all_reduce_op(small)
+
+        x = torch.full((24, 8), float(self.rank + 1))
+        small = torch.full((12, 8), float(self.rank + 1))
+        world = self.world_size
+        expected = torch.full((24, 8), float(sum(r + 1 for r in range(world))))
+        for i in range(3):
+            expected = torch.relu((expected * world if i else expected) * 0.5 + (i + 1))
+        counters.clear()
+        with self._config(True):
+            compiled = torch.compile(program)
+            RAN.clear()
+            compiled(x, small)
+            self.assertEqual(counters["collective_autotuning"]["ops"], 2)
+            self.assertEqual(counters["collective_autotuning"]["shared"], 2)
+            ran_while_compiling = {name: RAN.count(name) for name in ("default", "direct", "rs_ag")}
+            RAN.clear()
+            result, small_result = compiled(x, small)
+        per_op = NWARMUP + NRUNS
+        # Two ops benchmarked; the compiling call then runs rs_ag for all four nodes.
+        self.assertEqual(ran_while_compiling, {"default": 2 * per_op, "direct": 2 * per_op, "rs_ag": 2 * per_op + 4})
+        self.assertEqual(self._ran_everywhere(list(RAN)), [["rs_ag"] * 4] * world)
+        torch.testing.assert_close(result, expected, rtol=0, atol=0)
+        torch.testing.assert_close(small_result, torch.full((12, 8), float(sum(r + 1 for r in range(world)))))
+        dist.destroy_process_group()
+
+    def test_decisions_are_shared_within_a_process(self):
+        self._init_process_group()
+        register_custom_op_autotuning(
+            all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
+        )
+        DELAY_MS.clear()
+        DELAY_MS.update({"default": SLOW_MS, "rs_ag": SLOW_MS})  # direct wins
+        expected = torch.full((24, 8), float(sum(r + 1 for r in range(self.world_size))))
+        for first, second, shape in ((False, True, (24, 8)), (True, False, (16, 8))):
+            x = torch.full(shape, float(self.rank + 1))
+            ran = {}
+            for defer in (first, second):
+                torch._dynamo.reset()
+                counters.clear()
+                with self._config(defer):
+                    # A fresh function each time: its own graph, no epilogue.
+                    compiled = torch.compile(lambda x: all_reduce_op(x))
+                    RAN.clear()
+                    compiled(x)
+                    ran[defer] = (list(RAN), dict(counters["collective_autotuning"]))
+                    RAN.clear()
+                    result = compiled(x)
+                self.assertEqual(self._ran_everywhere(list(RAN)), [["direct"]] * self.world_size)
+                torch.testing.assert_close(result, expected[: shape[0]], rtol=0, atol=0)
+            first_ran, first_counts = ran[first]
+            second_ran, second_counts = ran[second]
+            self.assertEqual((first_counts["ops"], first_counts.get("recalled", 0)), (1, 0))
+            self.assertGreater(len(first_ran), 3 * NWARMUP)
+            self.assertEqual((second_counts.get("ops", 0), second_counts["recalled"]), (0, 1))
+            self.assertEqual(second_ran, ["direct"])  # only the compiling call's own run
         dist.destroy_process_group()
 
     def test_mismatched_node_lists_fail_on_every_rank(self):

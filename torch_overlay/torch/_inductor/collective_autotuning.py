@@ -41,17 +41,41 @@ collective nodes are therefore finalized at the start of scheduling, from the
 graph's operations, which is also the last point where every rank holds the
 whole list of them.
 
+Identical nodes are tuned once
+------------------------------
+A tensor-parallel model repeats the same collective op once or twice per
+layer.  Nodes of a group with equal *tuning keys* share one benchmark and one
+decision: the key is what timing can depend on, namely each choice's
+identity (its graph or kernel, input layouts and config patches, see
+``choices_identity``) and the epilogue's structure (its ops, their
+arguments, the layouts of its other inputs).  Scalar constants of pointwise
+arithmetic (``y * 0.5 + i``) are left out: the generated code does the same
+work whatever their value.  The key is computed from the graph alone, so
+every rank groups the nodes alike; one node per key is benchmarked, and its
+candidates are only traced, compiled and given inputs then.  The benchmarker
+also remembers agreed decisions for the rest of the process under the same
+key: a later graph (or a V1 op, for a node without an epilogue, which
+measures the same thing) adopts one when every rank of the group remembers
+the same decision, and the group benchmarks it together otherwise.
+
+Candidates are compiled when the scheduler is built, not while the node is
+lowered: a candidate is compiled by a nested Inductor compilation, which
+uses the graph-lowering state (``V.graph`` and friends) of the thread that
+runs it, so it cannot overlap the lowering of the enclosing graph in another
+thread, and compiling at lowering time would compile nodes that the tuning
+key later shows to be duplicates.
+
 Agreement
 ---------
 Every rank builds the same list from the same program, so the per-group node
 lists agree unless the programs differ (a recompilation on one rank, a
 different graph break, cache skew).  The pre-sync compares a compact key per
-node (the op, its input shapes, its candidates and its epilogue); when the
-lists differ, every rank of the group raises ``CollectiveBenchmarkError``
-naming the first differing node, within the benchmark timeout; none falls
-back alone.  Groups are finalized in the order of their names, the same on
-every rank, so a rank that is a member of several groups cannot wait for a
-peer that waits for it.
+benchmarked node (the op, its input shapes, its candidates and its
+epilogue); when the lists differ, every rank of the group raises
+``CollectiveBenchmarkError`` naming the first differing node; none falls back
+alone.  Groups are finalized in the order of their names, the same on every
+rank, so a rank that is a member of several groups cannot wait for a peer
+that waits for it.
 """
 
 from __future__ import annotations
@@ -64,17 +88,21 @@ from typing import Any
 
 import torch
 from torch._inductor import config, ir
+from torch._dynamo.utils import counters
 from torch._inductor.runtime.collective_benchmarking import (
     Candidate,
+    candidate_names,
+    choices_identity,
     CollectiveBenchmarkConfig,
     CollectiveBenchmarker,
-    OpToTune,
     collective_candidates,
     collective_group_name,
+    OpToTune,
     resolve_group,
     select_winner,
 )
 from torch._inductor.runtime.collective_control import ensure_heartbeat
+from torch._inductor.runtime.collective_decisions import first_tensor
 from torch._inductor.utils import convert_shape_to_inductor
 from torch._inductor.virtualized import V
 
@@ -145,20 +173,28 @@ def finalize_collective_multi_template_buffers(operations: list[ir.Operation]) -
     winners = {}
     for group_name in sorted(by_group):
         group_nodes = by_group[group_name]
-        ops = [_op_to_tune(node) for node in group_nodes]
+        # Identical nodes (equal tuning keys) share one benchmark and decision.
+        sharing: dict[str, list[tuple[ir.CollectiveMultiTemplateBuffer, _Epilogue | None]]] = {}
+        for node in group_nodes:
+            epilogue = _Epilogue.find(node)
+            sharing.setdefault(_tuning_key(node, epilogue), []).append((node, epilogue))
+        ops = [_op_to_tune(*members[0], key) for key, members in sharing.items()]
         benchmarker = CollectiveBenchmarker(group_name, benchmark_config, group_nodes[0].get_device())
         decisions = benchmarker.run_batch(ops)
-        for node, op, decision in zip(group_nodes, ops, decisions):
-            timings = {choice: decision.time_ms(c.name) for choice, c in zip(node.choices, op.candidates)}
-            # The op's eager implementation; None when it was registered with
-            # include_fallback=False.
-            default = next((choice for choice, c in zip(node.choices, op.candidates) if c.is_default), None)
-            winner = select_winner(timings, node.choices, benchmark_config.tie_tolerance)
-            if winner is None:  # nothing qualified on every rank: what V1 falls back to
-                winner = default if default is not None else node.choices[0]
-            if default is not None:
-                winner = _apply_speedup_threshold(winner, default, timings, node.min_speedup_threshold)
-            winners[node.get_name()] = _report(node, winner, timings)
+        counters["collective_autotuning"]["shared"] += len(group_nodes) - len(sharing)
+        for members, op, decision in zip(sharing.values(), ops, decisions):
+            for node, _ in members:
+                # Identical nodes list the same choices in the same order.
+                timings = {choice: decision.time_ms(c.name) for choice, c in zip(node.choices, op.candidates)}
+                # The op's eager implementation; None when it was registered
+                # with include_fallback=False.
+                default = next((choice for choice, c in zip(node.choices, op.candidates) if c.is_default), None)
+                winner = select_winner(timings, node.choices, benchmark_config.tie_tolerance)
+                if winner is None:  # nothing qualified on every rank: what V1 falls back to
+                    winner = default if default is not None else node.choices[0]
+                if default is not None:
+                    winner = _apply_speedup_threshold(winner, default, timings, node.min_speedup_threshold)
+                winners[node.get_name()] = _report(node, winner, timings)
     # Inline every winner first and splice afterwards: operation names come
     # from the length of V.graph.operations, which must not shrink while ops
     # are still being registered.
@@ -169,6 +205,17 @@ def finalize_collective_multi_template_buffers(operations: list[ir.Operation]) -
 
 
 # --- candidates with their epilogue --------------------------------------------------
+# Pointwise arithmetic whose generated code does not depend on the value of a
+# scalar operand (one instruction whatever the constant), so that nodes whose
+# epilogues differ only in such constants measure the same thing.  Any other
+# constant (an exponent, a rounding mode, a clamp bound that may fold) stays
+# in the key.  Value-dependent simplifications (x + 0, x * 1) are made by the
+# post-grad passes, before the epilogue is read.
+_VALUE_FREE_SCALAR_OPS = frozenset(
+    {torch.ops.aten.add, torch.ops.aten.sub, torch.ops.aten.mul, torch.ops.aten.div, torch.ops.aten.rsub}
+)
+
+
 @dataclasses.dataclass
 class _Epilogue:
     """The pointwise single-user chain after a collective node, as a graph of its own."""
@@ -176,7 +223,8 @@ class _Epilogue:
     gm: torch.fx.GraphModule  # (node output, *extra inputs) -> epilogue output
     extra_inputs: list[ir.IRNode]
     layout: ir.FixedLayout
-    key: str
+    key: str  # its ops, for names and logs
+    structure: str  # what timing can depend on: ops, arguments, input layouts
 
     @staticmethod
     def find(node: ir.CollectiveMultiTemplateBuffer) -> _Epilogue | None:
@@ -218,7 +266,36 @@ class _Epilogue:
             stride=convert_shape_to_inductor(value.stride()),
         )
         key = "+".join(str(user.target) for user in chain)
-        return _Epilogue(torch.fx.GraphModule(torch.nn.Module(), graph), list(extras.values()), layout, key)
+        return _Epilogue(
+            torch.fx.GraphModule(torch.nn.Module(), graph),
+            list(extras.values()),
+            layout,
+            key,
+            _structure(fx_node, chain, extras),
+        )
+
+
+def _structure(fx_node: torch.fx.Node, chain: list[torch.fx.Node], extras: dict[torch.fx.Node, ir.IRNode]) -> str:
+    names = {fx_node: "out", **{arg: f"in{i}" for i, arg in enumerate(extras)}}
+    names.update({user: f"t{j}" for j, user in enumerate(chain)})
+    parts = []
+    for user in chain:
+        value_free = user.target.overloadpacket in _VALUE_FREE_SCALAR_OPS
+
+        def describe(value: Any, value_free: bool = value_free) -> str:
+            if isinstance(value, torch.fx.Node):
+                return names[value]
+            if value_free and isinstance(value, (int, float)) and not isinstance(value, bool):
+                return type(value).__name__
+            return repr(value)
+
+        args = torch.fx.node.map_aggregate(user.args, describe)
+        kwargs = torch.fx.node.map_aggregate(dict(user.kwargs), describe)
+        parts.append(f"{names[user]}={user.target}{args}{kwargs}")
+    parts += [
+        f"in{i}:{value.get_size()},{value.get_stride()},{value.get_dtype()}" for i, value in enumerate(extras.values())
+    ]
+    return "; ".join(parts)
 
 
 def _lowered_input(arg: torch.fx.Node) -> ir.IRNode | None:
@@ -271,18 +348,58 @@ def _with_epilogue_caller(choice: Any, node: ir.CollectiveMultiTemplateBuffer, e
     )
 
 
-def _op_to_tune(node: ir.CollectiveMultiTemplateBuffer) -> OpToTune:
-    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+def _tuning_key(node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None) -> str:
+    # What the node's candidates compute, on which layouts, and what they are
+    # timed with: nodes with equal keys measure the same thing.  A node
+    # without an epilogue measures what V1 measures (see
+    # benchmark_collective_choices), so the two share remembered decisions.
+    return f"{choices_identity(node.choices)}|{epilogue.structure if epilogue is not None else 'alone'}"
 
-    args = AlgorithmSelectorCache.get_inputs(node.choices, list(node.original_inputs), node.layout, node.input_gen_fns)
-    candidates, key = collective_candidates(
-        node.choices, args, uses_layout_preserving_inputs=AlgorithmSelectorCache._uses_layout_preserving_inputs
-    )
-    epilogue = _Epilogue.find(node)
-    if epilogue is not None:
-        candidates = _time_with_epilogue(node, candidates, args, epilogue)
-        key = f"{key} then {epilogue.key}"
-    return OpToTune(f"{node.op_name} {key}", candidates)
+
+def _op_to_tune(node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None, tuning_key: str) -> OpToTune:
+    runners = _NodeRunners(node, epilogue)
+    candidates = [
+        Candidate(name, functools.partial(runners.run, index), is_default, functools.partial(runners.prepare, index))
+        for index, (name, is_default) in enumerate(candidate_names(node.choices))
+    ]
+    shapes = [(tuple(inp.get_size()), inp.get_dtype()) for inp in node.original_inputs]
+    then = f" then {epilogue.key}" if epilogue is not None else ""
+    return OpToTune(f"{node.op_name} {shapes}{then}", candidates, memo_key=tuning_key)
+
+
+class _NodeRunners:
+    """What times a node's candidates, built on first use.
+
+    Benchmark inputs are allocated and candidates traced and compiled only
+    for a node the group benchmarks: one whose decision every rank remembers,
+    or that shares its tuning key with an earlier node, costs none of it.
+    """
+
+    def __init__(self, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None) -> None:
+        self.node, self.epilogue = node, epilogue
+
+    @functools.cached_property
+    def candidates(self) -> list[Candidate]:
+        from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+        node = self.node
+        args = AlgorithmSelectorCache.get_inputs(
+            node.choices, list(node.original_inputs), node.layout, node.input_gen_fns
+        )
+        candidates, _ = collective_candidates(
+            node.choices, args, uses_layout_preserving_inputs=AlgorithmSelectorCache._uses_layout_preserving_inputs
+        )
+        if self.epilogue is not None:
+            candidates = _time_with_epilogue(node, candidates, args, self.epilogue)
+        return candidates
+
+    def prepare(self, index: int) -> None:
+        prepare = self.candidates[index].prepare
+        if prepare is not None:
+            prepare()
+
+    def run(self, index: int) -> Any:
+        return self.candidates[index].fn()
 
 
 def _time_with_epilogue(
@@ -314,9 +431,7 @@ def _time_with_epilogue(
             alone = epilogue_only
 
             def fn(run: Callable[[], Any] = candidate.fn, alone: Any = alone) -> Any:
-                out = run()
-                out = out if isinstance(out, torch.Tensor) else out[0]
-                return alone.benchmark_collective(out, *extras, out=epilogue_out)
+                return alone.benchmark_collective(first_tensor(run()), *extras, out=epilogue_out)
 
             prepare = _both(candidate.prepare, alone._ensure_compiled)
         timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))

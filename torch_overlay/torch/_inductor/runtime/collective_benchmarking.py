@@ -208,6 +208,8 @@ __all__ = [
     "RankReport",
     "SCREENING_TOLERANCES",
     "benchmark_collective_choices",
+    "candidate_names",
+    "choices_identity",
     "collective_candidates",
     "collective_group_name",
     "device_of",
@@ -294,16 +296,25 @@ class Candidate:
 
 @dataclasses.dataclass(frozen=True)
 class OpToTune:
-    """The candidates of one autotuned op, and a key that identifies the op.
+    """The candidates of one autotuned op, and keys that identify the op.
 
     ``key`` describes the op (its name and input shapes) compactly; members
     of the group whose keys or candidate names differ are not tuning the same
     op, and the session fails on every member instead of pairing the wrong
     rounds.
+
+    ``memo_key`` says what makes two ops' measurements interchangeable (what
+    the candidates compute, on which input layouts, and what each is timed
+    with).  Sessions in one process remember their agreed decisions by it;
+    a later op with the same ``memo_key`` adopts the remembered decision
+    without benchmarking when every member of the group remembers the same
+    decision for it, and is benchmarked by the whole group otherwise.
+    ``None``: never remembered.
     """
 
     key: str
     candidates: Sequence[Candidate]
+    memo_key: str | None = None
 
 
 # --- timing -------------------------------------------------------------------------
@@ -416,12 +427,12 @@ class CollectiveBenchmarker:
         self._prepare_errors: dict[tuple[int, str], str] = {}
 
     # The public entry points --------------------------------------------------
-    def run(self, candidates: Sequence[Candidate], key: str = "") -> CollectiveDecision:
+    def run(self, candidates: Sequence[Candidate], key: str = "", memo_key: str | None = None) -> CollectiveDecision:
         """Benchmark the candidates of one op; the decision every member shares.
 
         The same as :meth:`run_batch` with one op: see there.
         """
-        return self.run_batch([OpToTune(key, candidates)])[0]
+        return self.run_batch([OpToTune(key, candidates, memo_key)])[0]
 
     def run_batch(self, ops: Sequence[OpToTune]) -> list[CollectiveDecision]:
         """Benchmark the candidates of several ops in one session; one decision per op.
@@ -433,7 +444,10 @@ class CollectiveBenchmarker:
         benchmarked in preference order (its default first, then the given
         order); at most one candidate per op may be the default, and its first
         output is the reference against which the op's other candidates are
-        screened.  One exchange and one commit end the session.
+        screened.  One exchange and one commit end the session.  An op whose
+        decision every member remembers alike (see :class:`OpToTune`) is
+        neither prepared nor benchmarked; when every op is, the session is
+        its join alone.
 
         Returns the decisions in ``ops`` order (a disqualified candidate has an
         infinite time; ``winner`` is ``None`` when none of an op's candidates
@@ -443,12 +457,10 @@ class CollectiveBenchmarker:
         """
         ensure_heartbeat()
         started = time.perf_counter()
-        rounds: list[tuple[int, Candidate]] = []
-        for op_index, op in enumerate(ops):
+        for op in ops:
             if sum(candidate.is_default for candidate in op.candidates) > 1:
                 raise ValueError(f"at most one candidate can be the default (op {op.key!r})")
-            ordered = sorted(op.candidates, key=lambda candidate: not candidate.is_default)
-            rounds.extend((op_index, candidate) for candidate in ordered)
+        remembered = [self._recall(op) for op in ops]
         self._state.sessions += 1
         control = ControlStore(
             f"{STORE_PREFIX}/{self.group_name}/session{self._state.sessions}/",
@@ -458,44 +470,99 @@ class CollectiveBenchmarker:
         )
         with control.session():
             self._prepare_errors = {}
-            for op_index, candidate in rounds:
+            self._prepare(ops, [i for i, decision in enumerate(remembered) if decision is None])
+            prepared = time.perf_counter()
+            to_run, compile_after_join = self._join(control, ops, remembered)
+            if compile_after_join:
+                # A member remembered an op that the group benchmarks, so it
+                # skipped compiling it: the rounds wait for everyone to compile.
+                self._prepare(ops, [i for i in to_run if remembered[i] is not None])
+                with _timed("presync_s"):
+                    control.rendezvous("prepared", "", "the end of compilation")
+            rounds = [
+                (op_index, candidate)
+                for op_index in to_run
+                for candidate in sorted(ops[op_index].candidates, key=lambda candidate: not candidate.is_default)
+            ]
+            try:
+                with no_python_dispatcher():
+                    results = self._run_session(rounds, control) if rounds else []
+            except CollectiveBenchmarkError:
+                self._drop_channel()  # a peer is gone; a later session must not reuse the channel
+                raise
+        decisions = []
+        for op_index, op in enumerate(ops):
+            if op_index in to_run:
+                decision = self._decide([result for (i, _), result in zip(rounds, results) if i == op_index])
+                self._remember(op, decision)
+            else:
+                decision = _adopt(remembered[op_index], op)
+            self._log(decision, op.key)
+            decisions.append(decision)
+        stats = counters["collective_autotuning"]
+        stats["ops"] += len(to_run)
+        stats["recalled"] += len(ops) - len(to_run)
+        stats["prepare_s"] += prepared - started
+        stats["session_s"] += time.perf_counter() - prepared
+        return decisions
+
+    # Remembered decisions -----------------------------------------------------
+    def _memo_key(self, op: OpToTune) -> tuple[str, str, str] | None:
+        if op.memo_key is None:
+            return None
+        # Settings that change a decision; the timeouts only change when a
+        # member is given up on.
+        config = self.config
+        settings = (config.nwarmup, config.nruns, config.retries, config.tie_tolerance, config.screen)
+        # Names carry per-compile counters; the candidates' order and roles do not.
+        return self.group_name, repr(settings), f"{op.memo_key}|{[c.is_default for c in op.candidates]}"
+
+    def _recall(self, op: OpToTune) -> CollectiveDecision | None:
+        key = self._memo_key(op)
+        return None if key is None else _remembered.get(key)
+
+    def _remember(self, op: OpToTune, decision: CollectiveDecision) -> None:
+        key = self._memo_key(op)
+        if key is not None:
+            _remembered[key] = decision
+
+    # The session's steps ------------------------------------------------------
+    def _prepare(self, ops: Sequence[OpToTune], op_indices: Sequence[int]) -> None:
+        # Local work before the join (compilation): its duration, which
+        # differs between ranks, must not count against a bounded step.
+        for op_index in op_indices:
+            for candidate in ops[op_index].candidates:
                 try:
                     if candidate.prepare is not None:
                         candidate.prepare()
                 except Exception as error:  # the candidate is disqualified in its round, on every rank
                     log.warning("collective autotuning: preparing %s failed", candidate.name, exc_info=True)
                     self._prepare_errors[(op_index, candidate.name)] = repr(error)
-            prepared = time.perf_counter()
-            op_digests = [_digest(f"{op.key}|{[candidate.name for candidate in op.candidates]}") for op in ops]
-            self._join(control, op_digests, ops)
-            try:
-                with no_python_dispatcher():
-                    results = self._run_session(rounds, control)
-            except CollectiveBenchmarkError:
-                self._drop_channel()  # a peer is gone; a later session must not reuse the channel
-                raise
-        decisions = []
-        for op_index in range(len(ops)):
-            decision = self._decide([result for (i, _), result in zip(rounds, results) if i == op_index])
-            self._log(decision, ops[op_index].key)
-            decisions.append(decision)
-        stats = counters["collective_autotuning"]
-        stats["ops"] += len(ops)
-        stats["prepare_s"] += prepared - started
-        stats["session_s"] += time.perf_counter() - prepared
-        return decisions
 
-    def _join(self, control: ControlStore, op_digests: list[str], ops: Sequence[OpToTune]) -> None:
+    def _join(
+        self, control: ControlStore, ops: Sequence[OpToTune], remembered: Sequence[CollectiveDecision | None]
+    ) -> tuple[list[int], bool]:
         # The pre-sync: one store rendezvous per session.  Posting the per-op
         # digests (not only their combined digest) lets every member name the
-        # first op at which the members differ.
+        # first op at which the members differ.  Each member also posts what
+        # it remembers per op; an op is benchmarked unless every member
+        # remembers the same decision for it.  Returns the ops to benchmark,
+        # and whether a member skipped compiling one of them.
+        op_digests = [_digest(f"{op.key}|{[candidate.name for candidate in op.candidates]}") for op in ops]
+        memos = [_decision_digest(decision) if decision is not None else "-" for decision in remembered]
         digest = _digest(f"{op_digests}|{self.config}")
         with _timed("presync_s"):
-            posts = control.rendezvous("join", f"{digest}|{','.join(op_digests)}", "the start of autotuning")
+            posts = control.rendezvous(
+                "join", f"{digest}|{','.join(op_digests)}|{','.join(memos)}", "the start of autotuning"
+            )
         counters["collective_autotuning"]["presync"] += 1
-        if len({post.partition("|")[0] for post in posts}) == 1:
-            return
-        lists = [[d for d in post.partition("|")[2].split(",") if d] for post in posts]
+        if len({post.split("|")[0] for post in posts}) == 1:
+            by_member = [post.split("|")[2].split(",") for post in posts]
+            to_run = [
+                i for i in range(len(ops)) if by_member[0][i] == "-" or len({memo[i] for memo in by_member}) > 1
+            ]
+            return to_run, any(memo[i] != "-" for memo in by_member for i in to_run)
+        lists = [[d for d in post.split("|")[1].split(",") if d] for post in posts]
         mine = lists[self.rank]
         # The first op index at which two members differ (one may have no op there).
         position = next(
@@ -514,7 +581,6 @@ class CollectiveBenchmarker:
             f"candidates on this rank: {[[c.name for c in op.candidates] for op in ops]})"
         )
 
-    # The session's steps ------------------------------------------------------
     def _run_session(self, rounds: Sequence[tuple[int, Candidate]], control: ControlStore) -> list[CandidateResult]:
         # Steps 0..n-1 are the rounds, n the exchange, n + 1 the commit; a
         # member that committed counts as past every step (n + 2).
@@ -727,6 +793,32 @@ class CollectiveBenchmarker:
         decision_log.debug("\n".join(lines))
 
 
+# Agreed decisions of this process: (group name, settings, memo key) -> decision.
+_remembered: dict[tuple[str, str, str], CollectiveDecision] = {}
+
+
+def _decision_digest(decision: CollectiveDecision) -> str:
+    # Members that took part in the same session hold equal decisions: the
+    # agreed times are the same floats everywhere.  By position, not name:
+    # candidate names carry per-compile counters.
+    names = [result.name for result in decision.results]
+    winner = names.index(decision.winner) if decision.winner is not None else None
+    return _digest(repr((winner, [(result.status.name, result.time_ms) for result in decision.results])))
+
+
+def _adopt(remembered: CollectiveDecision, op: OpToTune) -> CollectiveDecision:
+    # The remembered results, in round order (the default first), under this
+    # op's candidate names: the same candidates, named by another compile.
+    names = [candidate.name for candidate in sorted(op.candidates, key=lambda candidate: not candidate.is_default)]
+    renamed = {result.name: name for result, name in zip(remembered.results, names)}
+    return CollectiveDecision(
+        remembered.group_name,
+        tuple(dataclasses.replace(result, name=renamed[result.name]) for result in remembered.results),
+        None if remembered.winner is None else renamed[remembered.winner],
+        f"{remembered.reason}; remembered alike by every rank",
+    )
+
+
 # --- conveniences ---------------------------------------------------------------
 def sync_with_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> None:
     """Barrier over ``group`` bounded by ``timeout``.
@@ -800,25 +892,37 @@ def collective_candidates(
 ) -> tuple[list[Candidate], str]:
     """The :class:`Candidate` of each Inductor ``ChoiceCaller``, and a key of their inputs.
 
-    Candidates are named ``"{index}:{choice name}"`` in ``choices`` order; the
-    eager default (the first choice without a graph) is the default.  Local
-    work only: no rank waits for another.
+    Candidates are named by :func:`candidate_names`, in ``choices`` order.
+    Local work only: no rank waits for another.
     """
     candidates: list[Candidate] = []
-    for index, choice in enumerate(choices):
+    for choice, (name, is_default) in zip(choices, candidate_names(choices)):
         inputs, output = autotune_args.get_benchmark_tensors(uses_layout_preserving_inputs(choice)).unpack()
         output.zero_()
         candidates.append(
             Candidate(
-                f"{index}:{getattr(choice, 'name', type(choice).__name__)}",
+                name,
                 _choice_runner(choice, inputs, output),
-                is_default=is_default_choice(choice) and not any(c.is_default for c in candidates),
+                is_default=is_default,
                 # Subgraph choices compile lazily on their first run.
                 prepare=getattr(choice, "_ensure_compiled", None),
             )
         )
     shapes = [(tuple(t.shape), t.dtype) for t in inputs if isinstance(t, torch.Tensor)]
     return candidates, f"{shapes}"
+
+
+def candidate_names(choices: Sequence[Any]) -> list[tuple[str, bool]]:
+    """``(name, is_default)`` of each choice's :class:`Candidate`, without building it.
+
+    Names are ``"{index}:{choice name}"``; the first choice without a graph
+    (the op's eager implementation) is the default.
+    """
+    names = []
+    for index, choice in enumerate(choices):
+        is_default = is_default_choice(choice) and not any(default for _, default in names)
+        names.append((f"{index}:{getattr(choice, 'name', type(choice).__name__)}", is_default))
+    return names
 
 
 def benchmark_collective_choices(
@@ -842,8 +946,33 @@ def benchmark_collective_choices(
         choices, autotune_args, uses_layout_preserving_inputs=uses_layout_preserving_inputs
     )
     inputs, output = autotune_args.get_benchmark_tensors(uses_layout_preserving_inputs(choices[0])).unpack()
-    decision = CollectiveBenchmarker(group_name, config, device_of([*inputs, output])).run(candidates, key=key)
+    benchmarker = CollectiveBenchmarker(group_name, config, device_of([*inputs, output]))
+    # Each candidate timed alone: what V2 measures for an op without an epilogue.
+    decision = benchmarker.run(candidates, key=key, memo_key=f"{choices_identity(choices)}|alone")
     return {choice: decision.time_ms(candidate.name) for choice, candidate in zip(choices, candidates)}
+
+
+def choices_identity(choices: Sequence[Any]) -> str:
+    """A digest of what an op's choices compute, and on which input layouts.
+
+    Two call sites of an op with the same identity measure the same thing,
+    so they can share a decision.  Made of each choice's ``hash_key`` (its
+    graph, or its kernel and arguments), its input layouts and its config
+    patches, in order; equal on every rank for the same program.
+    """
+    parts = []
+    for choice in choices:
+        try:
+            code = choice.hash_key()
+        except (AttributeError, NotImplementedError):
+            code = getattr(choice, "name", type(choice).__name__)
+        layouts = [
+            (str(node.get_size()), str(node.get_stride()), str(node.get_dtype()))
+            for node in getattr(choice, "input_nodes", ())
+        ]
+        patches = sorted(getattr(choice, "config_patches", {}).items())
+        parts.append(f"{code}|{layouts}|{patches!r}")
+    return _digest("\n".join(parts))
 
 
 def _choice_runner(choice: Any, inputs: Sequence[Any], output: torch.Tensor) -> Callable[[], Any]:
