@@ -1,12 +1,13 @@
 """Demo: Inductor autotunes custom ops whose implementations are collectives.
 
 Each of four custom ops -- one per collective kind (all_reduce, all_gather,
-reduce_scatter, all_to_all) -- has an eager implementation written with the
-``torch.distributed`` APIs (the op's own code, which Inductor keeps as the
-default candidate) and two or more alternative decompositions built from
-functional collectives, registered with ``register_custom_op_autotuning``.
-Every alternative computes the same result through a genuinely different
-communication pattern, e.g. an all_reduce as reduce_scatter + all_gather.
+reduce_scatter, all_to_all), each taking ``(x, group_name)`` -- has an eager
+implementation written with the ``torch.distributed`` APIs (the op's own
+code, which Inductor keeps as the default candidate), and the exact
+equivalents of the library ``torch._inductor.kernel.collective_implementations``
+registered with ``register_collective_implementations``.  Every alternative
+computes the same result through a genuinely different communication
+pattern, e.g. an all_reduce as reduce_scatter + all_gather, or in chunks.
 
 When ``torch.compile`` compiles the program, the autotuner benchmarks every
 candidate on every rank in lock-step (by default in the scheduler, each
@@ -51,149 +52,67 @@ import torch._inductor.config as inductor_config
 import torch.distributed as dist
 from torch._inductor.choices import InductorChoices
 from torch._inductor.ir import ChoiceCaller
-from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch._inductor.kernel.collective_implementations import register_collective_implementations
 from torch._inductor.select_algorithm import add_feedback_saver
 from torch._inductor.virtualized import V
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 
-funcol = torch.ops._c10d_functional
-
-
-def _world() -> int:
-    return dist.get_world_size()
-
-
-def _group() -> str:
-    return dist.group.WORLD.group_name
-
-
-def _process_group() -> dist.ProcessGroup:
+def _group(group_name: str) -> dist.ProcessGroup:
     # Resolving the group by name, as functional collectives do, lets the
     # autotuner benchmark the eager op on its own channel too.
-    return _resolve_process_group(_group())
+    return _resolve_process_group(group_name)
 
 
-def _wait(tensor: torch.Tensor) -> torch.Tensor:
-    return funcol.wait_tensor(tensor)
-
-
-def _all_to_all(x: torch.Tensor) -> torch.Tensor:
-    """Exchange equal shards of a 1-D tensor with every rank."""
-    splits = [x.numel() // _world()] * _world()
-    return _wait(funcol.all_to_all_single(x, splits, splits, _group()))
-
-
-# --- all_reduce (sum) ----------------------------------------------------------
+# The ops' own implementations, written with the torch.distributed APIs: the
+# default candidates.  The alternatives come from the library
+# (torch/_inductor/kernel/collective_implementations.py).
 @torch.library.custom_op("collective_demo::all_reduce", mutates_args=())
-def all_reduce_op(x: torch.Tensor) -> torch.Tensor:
+def all_reduce_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
     out = x.clone()
-    dist.all_reduce(out, group=_process_group())
+    dist.all_reduce(out, group=_group(group_name))
     return out
 
 
 @all_reduce_op.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def all_reduce_direct(x: torch.Tensor) -> torch.Tensor:
-    return _wait(funcol.all_reduce(x, "sum", _group()))
-
-
-def all_reduce_via_rs_ag(x: torch.Tensor) -> torch.Tensor:
-    # Each rank reduces one shard, then the reduced shards are gathered.
-    shard = _wait(funcol.reduce_scatter_tensor(x, "sum", _world(), _group()))
-    return _wait(funcol.all_gather_into_tensor(shard, _world(), _group()))
-
-
-def all_reduce_via_ag_sum(x: torch.Tensor) -> torch.Tensor:
-    # Every rank receives every input and reduces locally.
-    gathered = _wait(funcol.all_gather_into_tensor(x, _world(), _group()))
-    return gathered.view(_world(), -1).sum(0)
-
-
-# --- all_gather ----------------------------------------------------------------
 @torch.library.custom_op("collective_demo::all_gather", mutates_args=())
-def all_gather_op(x: torch.Tensor) -> torch.Tensor:
-    out = x.new_empty(x.numel() * dist.get_world_size())
-    dist.all_gather_single(out, x, group=_process_group())
+def all_gather_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    out = x.new_empty(x.numel() * _group(group_name).size())
+    dist.all_gather_into_tensor(out, x, group=_group(group_name))
     return out
 
 
 @all_gather_op.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.numel() * dist.get_world_size())
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return x.new_empty(x.numel() * _group(group_name).size())
 
 
-def all_gather_direct(x: torch.Tensor) -> torch.Tensor:
-    return _wait(funcol.all_gather_into_tensor(x, _world(), _group()))
-
-
-def all_gather_via_all_to_all(x: torch.Tensor) -> torch.Tensor:
-    # Sending every peer a full copy of x makes all_to_all an all_gather.
-    return _all_to_all(x.repeat(_world()))
-
-
-def all_gather_via_all_reduce(x: torch.Tensor) -> torch.Tensor:
-    # Every rank contributes x in its own slot of a zero buffer; the sum of
-    # the buffers is the concatenation of the inputs.
-    n, rank = x.numel(), dist.get_rank()
-    padded = torch.nn.functional.pad(x, (rank * n, (_world() - 1 - rank) * n))
-    return _wait(funcol.all_reduce(padded, "sum", _group()))
-
-
-# --- reduce_scatter (sum) ------------------------------------------------------
 @torch.library.custom_op("collective_demo::reduce_scatter", mutates_args=())
-def reduce_scatter_op(x: torch.Tensor) -> torch.Tensor:
-    out = x.new_empty(x.numel() // dist.get_world_size())
-    dist.reduce_scatter_single(out, x, group=_process_group())
+def reduce_scatter_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    out = x.new_empty(x.numel() // _group(group_name).size())
+    dist.reduce_scatter_tensor(out, x, group=_group(group_name))
     return out
 
 
 @reduce_scatter_op.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.numel() // dist.get_world_size())
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return x.new_empty(x.numel() // _group(group_name).size())
 
 
-def reduce_scatter_direct(x: torch.Tensor) -> torch.Tensor:
-    return _wait(funcol.reduce_scatter_tensor(x, "sum", _world(), _group()))
-
-
-def reduce_scatter_via_all_to_all(x: torch.Tensor) -> torch.Tensor:
-    # all_to_all hands this rank every peer's shard; their sum is the result.
-    return _all_to_all(x).view(_world(), -1).sum(0)
-
-
-def reduce_scatter_via_all_reduce(x: torch.Tensor) -> torch.Tensor:
-    # Reduce everything, keep this rank's shard.
-    reduced = _wait(funcol.all_reduce(x, "sum", _group()))
-    return reduced.view(_world(), -1)[dist.get_rank()]
-
-
-# --- all_to_all ----------------------------------------------------------------
 @torch.library.custom_op("collective_demo::all_to_all", mutates_args=())
-def all_to_all_op(x: torch.Tensor) -> torch.Tensor:
+def all_to_all_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
     out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=_process_group())
+    dist.all_to_all_single(out, x, group=_group(group_name))
     return out
 
 
 @all_to_all_op.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
+def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return torch.empty_like(x)
-
-
-def all_to_all_direct(x: torch.Tensor) -> torch.Tensor:
-    return _all_to_all(x)
-
-
-def all_to_all_two_halves(x: torch.Tensor) -> torch.Tensor:
-    # Exchange the first and the second half of every shard in two all_to_alls.
-    shards = x.view(_world(), 2, -1)
-    first = _all_to_all(shards[:, 0].reshape(-1)).view(_world(), -1)
-    second = _all_to_all(shards[:, 1].reshape(-1)).view(_world(), -1)
-    return torch.stack([first, second], dim=1).view(-1)
 
 
 # --- the demo ------------------------------------------------------------------
@@ -202,33 +121,18 @@ DEFAULT = "default (eager)"
 
 @dataclass
 class Case:
-    op: Callable[[torch.Tensor], torch.Tensor]
-    decompositions: list[Callable[[torch.Tensor], torch.Tensor]]
+    op: Callable[[torch.Tensor, str], torch.Tensor]
     # The result on ``rank`` given the inputs of all ranks.
     expected: Callable[[list[torch.Tensor], int], torch.Tensor]
 
 
 CASES = {
-    "all_reduce": Case(
-        all_reduce_op,
-        [all_reduce_direct, all_reduce_via_rs_ag, all_reduce_via_ag_sum],
-        lambda inputs, rank: torch.stack(inputs).sum(0),
-    ),
-    "all_gather": Case(
-        all_gather_op,
-        [all_gather_direct, all_gather_via_all_to_all, all_gather_via_all_reduce],
-        lambda inputs, rank: torch.cat(inputs),
-    ),
+    "all_reduce": Case(all_reduce_op, lambda inputs, rank: torch.stack(inputs).sum(0)),
+    "all_gather": Case(all_gather_op, lambda inputs, rank: torch.cat(inputs)),
     "reduce_scatter": Case(
-        reduce_scatter_op,
-        [reduce_scatter_direct, reduce_scatter_via_all_to_all, reduce_scatter_via_all_reduce],
-        lambda inputs, rank: torch.stack(inputs).sum(0).chunk(len(inputs))[rank],
+        reduce_scatter_op, lambda inputs, rank: torch.stack(inputs).sum(0).chunk(len(inputs))[rank]
     ),
-    "all_to_all": Case(
-        all_to_all_op,
-        [all_to_all_direct, all_to_all_two_halves],
-        lambda inputs, rank: torch.cat([x.chunk(len(inputs))[rank] for x in inputs]),
-    ),
+    "all_to_all": Case(all_to_all_op, lambda inputs, rank: torch.cat([x.chunk(len(inputs))[rank] for x in inputs])),
 }
 
 
@@ -277,13 +181,13 @@ def autotune(kind: str, numel: int, recorder: AutotuneRecorder) -> Outcome:
     """Compile ``kind``'s op (autotuning it), run it, and check the result."""
     case = CASES[kind]
     rank, world = dist.get_rank(), dist.get_world_size()
-    register_custom_op_autotuning(case.op, configs=[CustomOpConfig(fn) for fn in case.decompositions])
+    register_collective_implementations(case.op, kind)
     recorder.timings.clear()
     recorder.selected.clear()
 
     torch._dynamo.reset()
     compiled = torch.compile(case.op, fullgraph=True)
-    result = compiled(make_input(numel, rank))  # compiles, autotunes, runs
+    result = compiled(make_input(numel, rank), dist.group.WORLD.group_name)  # compiles, autotunes, runs
 
     if len(recorder.timings) != 1 or len(recorder.selected) != 1:
         raise RuntimeError(

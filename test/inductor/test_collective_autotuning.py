@@ -472,15 +472,17 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
             "wrong_on_one_rank": Fault("wrong", [1]),
         }
         ran = self._check_faulty(faults, fast=list(faults), winner="good")
-        # Every rank left each faulty round where the fault struck, together:
-        # a peer's collective fails as soon as the faulty rank leaves.
+        # Every rank left each faulty candidate where the fault struck,
+        # together: a peer's collective fails as soon as the faulty rank leaves.
         self.assertEqual(ran["raises_in_warmup"], 1)
         self.assertEqual(ran["raises_everywhere"], 1)
         self.assertEqual(ran["raises_in_timed_runs"], NWARMUP + 2)
-        # Screened on the rank that saw it, disqualified at the session's
-        # exchange; its timed runs ran everywhere, keeping the ranks matched.
-        self.assertEqual(ran["wrong_on_one_rank"], NWARMUP + NRUNS)
-        self.assertEqual(ran["good"], NWARMUP + NRUNS + 1)
+        # The timed runs are interleaved and restart without the candidate
+        # that failed in them, so the others ran some runs twice.  The wrong
+        # one is screened on the rank that saw it and disqualified at the
+        # exchange: its timed runs ran everywhere, keeping the ranks matched.
+        self.assertGreaterEqual(ran["wrong_on_one_rank"], NWARMUP + NRUNS)
+        self.assertGreaterEqual(ran["good"], NWARMUP + NRUNS + 1)
 
     def test_stall_past_timeout_disqualifies_candidate(self):
         faults = {"stalls": Fault("stall", [self.world_size - 1], call=NWARMUP + 2)}

@@ -9,11 +9,16 @@ What this checks:
 * ``earliest_failure``: the rule every rank applies to the failure reports
   of its peers blames the same round with the same statuses, whatever order
   the reports come in.
+* The noise rules: the sign test, a candidate replaces the default only
+  when faster in significantly more interleaved runs than chance, drift
+  over a session favours no candidate once runs are interleaved, and every
+  rank draws the same interleaved order.
 * Statuses, result reduction, screening tolerances, error classification,
   configuration validation and reading the process group from the graphs.
 * ``CollectiveBenchmarker`` end to end on a one-rank gloo group: a raising
   candidate and a wrong one are disqualified and the others compete, a timed
-  out round is retried when retries are configured, the decision log shows
+  out round is retried when retries are configured, timed runs are
+  interleaved in the shared order, the decision log shows
   every rank's status and the reason, and misuse (no process group, two
   defaults) is a clear error.  A batch of ops (the scheduler path) has one
   join and screens each op's candidates against that op's own default.
@@ -142,11 +147,73 @@ class TestFailureAgreement(TestCase):
         self.assertEqual(first[2], second[2])
 
 
+def result(name: str, runs: list[float], status=OK) -> cd.CandidateResult:
+    return cd.CandidateResult(name, (cd.RankReport(status, tuple(runs)),))
+
+
+class TestNoiseRules(TestCase):
+    def test_sign_test(self):
+        self.assertEqual(cd.sign_test_p_value([1.0] * 5), 1 / 32)
+        self.assertEqual(cd.sign_test_p_value([1.0] * 4 + [-1.0]), 6 / 32)
+        self.assertEqual(cd.sign_test_p_value([1.0] * 5 + [0.0] * 3), 1 / 32)  # ties dropped
+        self.assertEqual(cd.sign_test_p_value([]), 1.0)
+
+    @settings(max_examples=100, deadline=None)
+    @given(n=st.integers(1, 60), wins=st.data())
+    def test_more_wins_is_more_significant(self, n, wins):
+        k = wins.draw(st.integers(0, n - 1))
+        fewer = cd.sign_test_p_value([1.0] * k + [-1.0] * (n - k))
+        more = cd.sign_test_p_value([1.0] * (k + 1) + [-1.0] * (n - k - 1))
+        self.assertLessEqual(more, fewer)  # strictly less in exact arithmetic; floats round 1 - 2**-54 to 1
+
+    def test_a_faster_candidate_replaces_the_default(self):
+        default = result("default", [10.0, 11.0, 10.5, 10.2, 10.8, 10.1])
+        faster = result("faster", [8.0, 9.0, 8.5, 8.2, 8.8, 8.1])
+        index, reason = cd.decide([default, faster], True, 0.02, 0.95)
+        self.assertEqual(index, 1)
+        self.assertIn("faster than the default in 6 of 6 runs", reason)
+
+    def test_an_advantage_within_the_noise_keeps_the_default(self):
+        # A lower median, but faster in only 4 of 6 runs: noise.
+        default = result("default", [10.0, 30.0, 10.0, 30.0, 10.0, 30.0])
+        candidate = result("noisy", [5.0, 5.0, 12.0, 5.0, 12.0, 5.0])
+        self.assertLess(candidate.time_ms, default.time_ms)
+        index, reason = cd.decide([default, candidate], True, 0.02, 0.95)
+        self.assertEqual(index, 0)
+        self.assertIn("the default stays: noisy was faster than the default in 4 of 6 runs", reason)
+        # Without a default there is nothing to protect: the fastest wins.
+        self.assertEqual(cd.decide([candidate, default], False, 0.02, 0.95)[0], 0)
+
+    def test_drift_does_not_favour_the_candidates_timed_later(self):
+        # Three equally fast candidates, interleaved as the protocol does, on
+        # a machine that gets 1% slower with every call: a sequential order
+        # would make the first candidate look 20% faster than the last.
+        for seed in ("op-a", "op-b", "op-c"):
+            runs: dict[int, list[float]] = {0: [], 1: [], 2: []}
+            clock = 0
+            for run in range(20):
+                for index in cd.interleaved_order(3, f"{seed}|{run}"):
+                    runs[index].append(1.0 * 1.01**clock)
+                    clock += 1
+            results = [result(str(index), runs[index]) for index in range(3)]
+            winner, _ = cd.decide(results, True, 0.02, 0.95)
+            self.assertEqual(winner, 0, seed)
+            times = [r.time_ms for r in results]
+            self.assertLess(max(times) / min(times), 1.1, seed)
+
+    def test_interleaved_order_is_shared_and_varies(self):
+        orders = [cd.interleaved_order(4, f"op|{run}") for run in range(8)]
+        self.assertEqual(orders, [cd.interleaved_order(4, f"op|{run}") for run in range(8)])
+        self.assertTrue(all(sorted(order) == [0, 1, 2, 3] for order in orders))
+        self.assertGreater(len({tuple(order) for order in orders}), 1)
+
+
 class TestResultsAndScreening(TestCase):
-    def test_candidate_result_reduces_to_the_slowest_rank(self):
-        result = cb.CandidateResult("c", (cb.RankReport(OK, 1.0), cb.RankReport(OK, 3.0)))
-        self.assertEqual((result.status, result.time_ms), (OK, 3.0))
-        failed = cb.CandidateResult("c", (cb.RankReport(OK, 1.0), cb.RankReport(WRONG, 0.5)))
+    def test_candidate_result_is_the_median_of_each_runs_slowest_rank(self):
+        reports = (cd.RankReport(OK, (1.0, 5.0, 2.0)), cd.RankReport(OK, (3.0, 1.0, 2.5)))
+        combined = cd.CandidateResult("c", reports)
+        self.assertEqual((combined.status, combined.runs_ms, combined.time_ms), (OK, [3.0, 5.0, 2.5], 3.0))
+        failed = cd.CandidateResult("c", (cd.RankReport(OK, (1.0,)), cd.RankReport(WRONG, (0.5,))))
         self.assertEqual((failed.status, failed.time_ms), (WRONG, math.inf))
 
     def test_screening_tolerances(self):
@@ -289,6 +356,21 @@ class TestBenchmarkerOnOneRank(TestCase):
         self.assertEqual([[r.status for r in d.results] for d in decisions], [[OK, OK], [OK, OK]])
         self.assertEqual(decisions[1].results[1].attempts, 2)  # the timed-out round ran again
         self.assertGreater(counters["collective_autotuning"]["timed_s"], 0)
+
+    def test_timed_runs_are_interleaved(self):
+        order: list[str] = []
+
+        def candidate(name, is_default=False):
+            return cb.Candidate(name, lambda: order.append(name) or torch.ones(2), is_default=is_default)
+
+        config = cb.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=6)
+        cb.CollectiveBenchmarker(None, config).run([candidate("a", True), candidate("b"), candidate("c")], key="op")
+        warmups, timed = order[:3], order[3:]
+        self.assertEqual(warmups, ["a", "b", "c"])
+        self.assertEqual(sorted(timed), ["a"] * 6 + ["b"] * 6 + ["c"] * 6)
+        for run in range(6):  # every candidate once per iteration, in the shared order
+            iteration = timed[3 * run : 3 * run + 3]
+            self.assertEqual(iteration, [["a", "b", "c"][i] for i in cd.interleaved_order(3, f"op|{run}")])
 
     def test_sync_with_timeout_returns_when_every_rank_arrived(self):
         self.assertIsNone(cb.sync_with_timeout(None, timedelta(seconds=5)))

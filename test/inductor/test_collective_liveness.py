@@ -78,7 +78,8 @@ class LivenessTests:
             start = time.monotonic()
             compiled(self._input())
             self.assertLess(time.monotonic() - start, HANG_BOUND_S)
-            self.assertEqual(RAN.count("good"), NWARMUP + NRUNS + 1)
+            # Each stall restarts the op's interleaved timed runs without its candidate.
+            self.assertGreaterEqual(RAN.count("good"), NWARMUP + NRUNS + 1)
             FAULTS.clear()
             RAN.clear()
             result = compiled(self._input())

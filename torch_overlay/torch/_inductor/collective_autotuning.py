@@ -22,8 +22,11 @@ Inductor can do this at two points:
   with the node's pointwise *epilogue*: the chain of pointwise single users
   that follows it in the graph.  A candidate whose tail fuses with that
   epilogue is timed fused, so the choice is made on what the program will
-  run.  The winner's graph is then inlined in place of the node, and ordinary
-  fusion fuses its tail with the epilogue.
+  run.  When no candidate's tail can fuse (each ends in a collective or
+  another op without generated code), the epilogue would add the same kernel
+  to every candidate, so they are timed alone, as V1 times them.  The
+  winner's graph is then inlined in place of the node, and ordinary fusion
+  fuses its tail with the epilogue.
 
 ``torch._inductor.config.defer_collective_autotuning`` (env
 ``TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING``, on by default) selects V2.  V1
@@ -176,9 +179,15 @@ def finalize_collective_multi_template_buffers(operations: list[ir.Operation]) -
         # Identical nodes (equal tuning keys) share one benchmark and decision.
         sharing: dict[str, list[tuple[ir.CollectiveMultiTemplateBuffer, _Epilogue | None]]] = {}
         for node in group_nodes:
-            epilogue = _Epilogue.find(node)
+            epilogue = _epilogue_to_time_with(node)
             sharing.setdefault(_tuning_key(node, epilogue), []).append((node, epilogue))
-        ops = [_op_to_tune(*members[0], key) for key, members in sharing.items()]
+        # The key of each benchmarked op names the nodes it stands for, so the
+        # join also checks that every rank holds the same list of nodes.
+        position = {node.get_name(): i for i, node in enumerate(group_nodes)}
+        ops = [
+            _op_to_tune(*members[0], key, [position[node.get_name()] for node, _ in members])
+            for key, members in sharing.items()
+        ]
         benchmarker = CollectiveBenchmarker(group_name, benchmark_config, group_nodes[0].get_device())
         decisions = benchmarker.run_batch(ops)
         counters["collective_autotuning"]["shared"] += len(group_nodes) - len(sharing)
@@ -298,6 +307,35 @@ def _structure(fx_node: torch.fx.Node, chain: list[torch.fx.Node], extras: dict[
     return "; ".join(parts)
 
 
+def _epilogue_to_time_with(node: ir.CollectiveMultiTemplateBuffer) -> _Epilogue | None:
+    # A candidate whose output comes from an op Inductor generates no code
+    # for (a collective's wait, an extern kernel, the eager default) ends in
+    # a buffer of its own, and the epilogue then runs as a kernel of its own
+    # after it: the same time added to every such candidate, which cannot
+    # change their ranking.  Only a tail of generated code can fuse with the
+    # epilogue; when no candidate has one, the candidates are timed alone,
+    # which costs no epilogue compilation and measures what V1 measures.
+    epilogue = _Epilogue.find(node)
+    if epilogue is None or not any(_tail_may_fuse(choice) for choice in node.choices):
+        return None
+    return epilogue
+
+
+def _tail_may_fuse(choice: Any) -> bool:
+    gm = getattr(choice, "gm", None)
+    if gm is None:
+        return False
+    (output,) = (n for n in gm.graph.nodes if n.op == "output")
+    value = output.args[0]
+    value = value[0] if isinstance(value, (list, tuple)) else value
+    return (
+        isinstance(value, torch.fx.Node)
+        and value.op == "call_function"
+        and isinstance(value.target, torch._ops.OpOverload)
+        and value.target.namespace == "aten"
+    )
+
+
 def _lowered_input(arg: torch.fx.Node) -> ir.IRNode | None:
     # An epilogue's other inputs become benchmark inputs, so they must be
     # buffers that exist before the op: graph inputs, or values the lowering
@@ -356,7 +394,9 @@ def _tuning_key(node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | No
     return f"{choices_identity(node.choices)}|{epilogue.structure if epilogue is not None else 'alone'}"
 
 
-def _op_to_tune(node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None, tuning_key: str) -> OpToTune:
+def _op_to_tune(
+    node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None, tuning_key: str, nodes: list[int]
+) -> OpToTune:
     runners = _NodeRunners(node, epilogue)
     candidates = [
         Candidate(name, functools.partial(runners.run, index), is_default, functools.partial(runners.prepare, index))
@@ -364,7 +404,9 @@ def _op_to_tune(node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | No
     ]
     shapes = [(tuple(inp.get_size()), inp.get_dtype()) for inp in node.original_inputs]
     then = f" then {epilogue.key}" if epilogue is not None else ""
-    return OpToTune(f"{node.op_name} {shapes}{then}", candidates, memo_key=tuning_key)
+    return OpToTune(
+        f"{node.op_name} {shapes}{then} (the group's collective nodes {nodes})", candidates, memo_key=tuning_key
+    )
 
 
 class _NodeRunners:

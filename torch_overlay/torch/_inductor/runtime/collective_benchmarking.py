@@ -44,49 +44,77 @@ together (V2, :meth:`~CollectiveBenchmarker.run_batch`; see
    member still compiling keeps the others waiting as long as its heartbeat
    advances (see *Liveness*).  A different key is an error on every rank that
    joined; the key lists a compact digest per op, so the error names the
-   first op at which the ranks differ.
-2. **Rounds.**  Candidates are benchmarked one round each, op by op: the op's
-   default first, then in registration order.  In a round a rank runs the
-   warmup (its first output is screened against the default's output on the
-   same inputs) and the timed runs, and keeps its status and median.  No
-   collective is issued besides the candidates' own: those keep the ranks in
-   lock-step (a rank cannot finish a candidate's collective before every
-   member has issued it), and a rank that fails wakes its peers by dropping
-   the channel (below).  A candidate whose output is wrong on a rank still
-   runs its timed runs there, so that its collectives stay matched.
-3. **Exchange and commit.**  One all-gather of every round's
-   ``[status, median]``, then one all-reduce (the commit), for the whole
-   session.  The commit exists because a collective can complete on some
-   members and fail on others: a member that completed the exchange while a
-   peer failed it would otherwise leave the session with a decision while
-   the peer, which lacks the exchanged data, waits for it in the failure
-   agreement.  With the commit, that member fails the commit instead, the
-   agreement sees that the exchange failed, and every member runs it again.
-   A member that completed the commit posts so in the store, so that a peer
-   failing the commit (which can only happen once every member exchanged)
-   decides with the data it has instead of waiting.  Seconds spent per step
-   are added to ``torch._dynamo.utils.counters["collective_autotuning"]``:
-   ``presync_s`` in joins (mostly waiting for the slowest member to finish
-   compiling), ``sync_s`` in the exchange, the commit and failure
-   agreements, ``warmup_s`` and ``timed_s`` in the candidates' runs;
-   ``presync`` counts joins, ``exchanges`` exchanges and
-   ``sync_collectives`` the collectives the protocol issued itself.
-4. **Failures.**  Any exception or timeout on a rank ends its round: it tears
+   first op at which the ranks differ.  Each member also posts the decision
+   it remembers per op from earlier sessions of the process
+   (:class:`OpToTune`'s ``memo_key``): an op that every member remembers
+   alike is adopted, neither compiled nor benchmarked; the others are
+   benchmarked by all (a member that skipped compiling one of them compiles
+   it after the join, and the members meet once more before the runs).
+2. **Warmups and interleaved timed runs.**  Op by op, each candidate warms
+   up in turn (the op's default first, then in registration order; the first
+   output of each is screened against the default's on the same inputs),
+   then the op's candidates are timed *interleaved*: ``nruns`` iterations,
+   in each of which every candidate runs once, in an order shuffled per
+   iteration from the op's key, the same on every rank.  No collective is
+   issued besides the candidates' own: those keep the ranks in lock-step (a
+   rank cannot finish a candidate's collective before every member has
+   issued it), and a rank that fails wakes its peers by dropping the channel
+   (below).  A candidate whose output is wrong on a rank still runs its
+   timed runs there, so that its collectives stay matched.
+3. **Exchange and commit.**  One all-gather of every candidate's status and
+   timed runs, then one all-reduce (the commit), for the whole session.  The
+   commit exists because a collective can complete on some members and fail
+   on others: a member that completed the exchange while a peer failed it
+   would otherwise leave the session with a decision while the peer, which
+   lacks the exchanged data, waits for it in the failure agreement.  With
+   the commit, that member fails the commit instead, the agreement sees that
+   the exchange failed, and every member runs it again.  A member that
+   completed the commit posts so in the store, so that a peer failing the
+   commit (which can only happen once every member exchanged) decides with
+   the data it has instead of waiting.  Seconds spent per step are added to
+   ``torch._dynamo.utils.counters["collective_autotuning"]``: ``presync_s``
+   in joins (mostly waiting for the slowest member to finish compiling),
+   ``sync_s`` in the exchange, the commit and failure agreements,
+   ``warmup_s`` and ``timed_s`` in the candidates' runs; ``presync`` counts
+   joins, ``exchanges`` exchanges and ``sync_collectives`` the collectives
+   the protocol issued itself.
+4. **Failures.**  Any exception or timeout on a rank ends its step: it tears
    down the benchmark channel (below), which makes the peers' pending
    collectives fail at once instead of at their timeout, and reports
-   ``(step, status)`` in the control store.  Every rank then waits for every
-   member's report and applies the same rule to the same reports (the
-   earliest reported step takes the worst status reported for it: a rank
-   already past it only saw it succeed).  A failed round's candidate is
-   retried when the cause was a timeout and retries remain, or disqualified
-   otherwise, and the rounds after it run again.  A failed exchange runs
-   again (at most ``retries + 1`` times).
+   ``(step, status)`` in the control store, a step being one candidate's
+   warmup or one timed run.  Every rank then waits for every member's report
+   and applies the same rule to the same reports (the earliest reported step
+   takes the worst status reported for it: a rank already past it only saw
+   it succeed).  That step's candidate is retried when the cause was a
+   timeout and retries remain, or disqualified otherwise.  A failure in a
+   warmup resumes at that candidate's warmup; a failure in the timed runs
+   restarts the op's timed runs, which must all see the same stretch of
+   time.  A failed exchange runs again (at most ``retries + 1`` times).
 5. **Decision.**  A candidate qualifies when every rank ran it without error
-   and with a correct result.  Its time is the slowest rank's median (a
-   collective completes when its slowest participant does).  Among the
-   qualified, candidates within ``tie_tolerance`` of the fastest are tied and
-   the first of them in preference order wins, so a near-tie cannot flip
-   between compiles.  When nothing qualifies every rank uses the default.
+   and with a correct result.  Its time in a run is the slowest rank's (a
+   collective completes when its slowest participant does) and its time is
+   the median over the runs.  Among the qualified, candidates within
+   ``tie_tolerance`` of the fastest are tied and the first of them in
+   preference order wins, so a near-tie cannot flip between compiles.  *Do
+   no harm*: a winner other than the default must also beat the default
+   beyond the session's noise, or the default stays: paired run by run, it
+   must have been faster in significantly more runs than chance (a one-sided
+   sign test at ``confidence``, 95% by default; with fewer than 5 timed runs
+   no candidate can replace the default at 95%).  ``min_speedup_threshold``
+   applies on top of this.  When nothing qualifies every rank uses the
+   default.
+
+What the measurement assumes.  The machine's speed may drift during a session
+(a peer still compiling, clocks ramping up, caches warming): interleaving
+puts every candidate's runs in the same stretch of time, so a slow stretch
+hits every candidate alike and, paired run by run, cancels out; timing
+candidates one after the other would favour whichever ran in the quiet part.
+It assumes that the drift within one iteration is small next to the
+differences worth measuring, and that a candidate's run does not change the
+cost of the next one (a cache or buffer it leaves behind); the shuffled
+order spreads whatever effect remains over every candidate.  The sign test
+uses only which of two paired runs was faster, so a few outliers (a page
+fault, a preempted rank) cannot decide it.
 
 Liveness
 --------
@@ -153,11 +181,12 @@ dispatch state, so disabling it is both correct and scoped.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
+import itertools
 import logging
 import math
-import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -184,8 +213,10 @@ from .collective_decisions import (
     CandidateResult,
     CandidateStatus,
     CollectiveDecision,
+    decide,
     earliest_failure,
     first_tensor,
+    interleaved_order,
     is_default_choice,
     outputs_match,
     pick_winner,
@@ -236,7 +267,7 @@ class CollectiveBenchmarkConfig:
     """Untimed runs per candidate (at least one: its output is screened)."""
 
     nruns: int = 50
-    """Timed runs per candidate; the per-rank statistic is their median."""
+    """Timed runs per candidate, interleaved with the op's other candidates."""
 
     retries: int = 0
     """How many times a candidate whose round timed out is run again."""
@@ -250,6 +281,9 @@ class CollectiveBenchmarkConfig:
     max_wait: timedelta = timedelta(minutes=10)
     """How long a member that is alive (its heartbeat advances) is waited for."""
 
+    confidence: float = 0.95
+    """How sure a session must be that a candidate beats the default before replacing it."""
+
     def __post_init__(self) -> None:
         if self.nruns < 1:
             raise ValueError(f"nruns must be >= 1, got {self.nruns}")
@@ -259,6 +293,8 @@ class CollectiveBenchmarkConfig:
             raise ValueError(f"timeout must be positive, got {self.timeout}")
         if self.max_wait < self.timeout:
             raise ValueError(f"max_wait ({self.max_wait}) must be at least the timeout ({self.timeout})")
+        if not 0.5 <= self.confidence < 1.0:
+            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
 
     @classmethod
     def from_inductor_config(cls) -> CollectiveBenchmarkConfig:
@@ -274,6 +310,7 @@ class CollectiveBenchmarkConfig:
             tie_tolerance=config.collective_benchmark_tie_tolerance,
             screen=config.collective_benchmark_screen_results,
             max_wait=max(timedelta(seconds=config.collective_benchmark_max_wait), timeout),
+            confidence=config.collective_benchmark_confidence,
         )
 
 
@@ -347,25 +384,50 @@ def time_runs(fn: Callable[[], Any], nruns: int, device: torch.device, deadline:
     """Run ``fn`` ``nruns`` times on the calling rank; each run's time in milliseconds.
 
     Host timers on CPU (a CPU candidate's collectives complete before it
-    returns), device events elsewhere.  Raises
+    returns), device events elsewhere.  Raises what ``fn`` raises, or
     :class:`CollectiveBenchmarkTimeout` when device work is still pending at
     ``deadline`` (a ``time.monotonic()`` value).
     """
+    try:
+        return _time_calls([fn] * nruns, device, deadline - time.monotonic())
+    except _CallFailed as failure:
+        raise failure.error from None
+
+
+class _CallFailed(Exception):
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(f"call {index} failed: {error!r}")
+        self.index, self.error = index, error
+
+
+def _time_calls(calls: Sequence[Callable[[], Any]], device: torch.device, timeout_s: float) -> list[float]:
+    # Each call once, in order; its time in ms.  A failure names the call
+    # (_CallFailed); device work still pending timeout_s after the last call
+    # is a timeout of the last call.
     if device.type == "cpu":
         times = []
-        for _ in range(nruns):
+        for index, fn in enumerate(calls):
             start = time.perf_counter()
-            fn()
+            try:
+                fn()
+            except Exception as error:
+                raise _CallFailed(index, error) from error
             times.append((time.perf_counter() - start) * 1e3)
         return times
     module = torch.get_device_module(device)
-    _wait_device(device, deadline)
-    events = [(module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in range(nruns)]
-    for start, end in events:
+    _wait_device(device, time.monotonic() + timeout_s)
+    events = [(module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in calls]
+    for index, (fn, (start, end)) in enumerate(zip(calls, events)):
         start.record()
-        fn()
+        try:
+            fn()
+        except Exception as error:
+            raise _CallFailed(index, error) from error
         end.record()
-    _wait_device(device, deadline)
+    try:
+        _wait_device(device, time.monotonic() + timeout_s)
+    except CollectiveBenchmarkTimeout as error:
+        raise _CallFailed(len(calls) - 1, error) from error
     return [start.elapsed_time(end) for start, end in events]
 
 
@@ -381,10 +443,65 @@ def _classify(error: BaseException) -> CandidateStatus:
 
 
 class _StepFailed(Exception):
-    def __init__(self, status: CandidateStatus, stage: str, error: BaseException | None = None) -> None:
+    def __init__(
+        self, status: CandidateStatus, stage: str, error: BaseException | None = None, step: int | None = None
+    ) -> None:
         super().__init__(f"{status.name} during {stage}: {error!r}")
         self.status = status
         self.stage = stage
+        self.step = step  # in the session's schedule; None: the step the caller is at
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One step of a session's schedule: the unit in which failures are reported."""
+
+    op: int  # position among the session's benchmarked ops
+    candidate: int  # index among the op's candidates, in preference order
+    timed: bool  # False: the candidate's warmup; True: one of its timed runs
+    run: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resume:
+    """Where a session's schedule resumes after a failure agreement."""
+
+    op: int
+    warmup_from: int | None  # the first candidate to warm up again; None: the op's timed runs
+
+
+class _LocalOutcomes:
+    """This rank's outcomes in a session, which its exchange sends."""
+
+    def __init__(self) -> None:
+        self.statuses: dict[tuple[int, int], CandidateStatus] = {}
+        self.samples: dict[tuple[int, int], list[float]] = {}
+        self.references: dict[int, torch.Tensor] = {}  # per op: its default's first output
+
+    def record_runs(self, op: int, candidates: Sequence[int], times: Sequence[float]) -> None:
+        for index in set(candidates):
+            self.samples[(op, index)] = []
+        for index, ms in zip(candidates, times):
+            self.samples[(op, index)].append(ms)
+
+    def forget_from(self, resume: _Resume) -> None:
+        # What runs again after the resume point is measured again.
+        def runs_again(op: int, index: int) -> bool:
+            if op != resume.op:
+                return op > resume.op
+            return resume.warmup_from is not None and index >= resume.warmup_from
+
+        for key in [key for key in self.samples if key[0] >= resume.op]:
+            del self.samples[key]
+        for key in [key for key in self.statuses if runs_again(*key)]:
+            del self.statuses[key]
+        for op in [op for op in self.references if runs_again(op, 0)]:
+            del self.references[op]
+
+    def flatten(self, op: int, index: int, nruns: int) -> list[float]:
+        samples = self.samples.get((op, index), [])
+        status = self.statuses.get((op, index), CandidateStatus.OK)
+        return [float(status), *samples, *[math.nan] * (nruns - len(samples))]
 
 
 @contextmanager
@@ -424,7 +541,7 @@ class CollectiveBenchmarker:
         self.rank = self.group.rank()
         self.size = self.group.size()
         self._state = group_state(self.group)
-        self._prepare_errors: dict[tuple[int, str], str] = {}
+        self._prepare_errors: dict[tuple[int, str], str] = {}  # (id of the op, candidate name) -> error
 
     # The public entry points --------------------------------------------------
     def run(self, candidates: Sequence[Candidate], key: str = "", memo_key: str | None = None) -> CollectiveDecision:
@@ -479,21 +596,18 @@ class CollectiveBenchmarker:
                 self._prepare(ops, [i for i in to_run if remembered[i] is not None])
                 with _timed("presync_s"):
                     control.rendezvous("prepared", "", "the end of compilation")
-            rounds = [
-                (op_index, candidate)
-                for op_index in to_run
-                for candidate in sorted(ops[op_index].candidates, key=lambda candidate: not candidate.is_default)
-            ]
+            plans = [(ops[i], sorted(ops[i].candidates, key=lambda c: not c.is_default)) for i in to_run]
             try:
                 with no_python_dispatcher():
-                    results = self._run_session(rounds, control) if rounds else []
+                    results = self._run_session(plans, control) if plans else []
             except CollectiveBenchmarkError:
                 self._drop_channel()  # a peer is gone; a later session must not reuse the channel
                 raise
         decisions = []
         for op_index, op in enumerate(ops):
             if op_index in to_run:
-                decision = self._decide([result for (i, _), result in zip(rounds, results) if i == op_index])
+                position = to_run.index(op_index)
+                decision = self._decide(results[position], has_default=plans[position][1][0].is_default)
                 self._remember(op, decision)
             else:
                 decision = _adopt(remembered[op_index], op)
@@ -537,7 +651,7 @@ class CollectiveBenchmarker:
                         candidate.prepare()
                 except Exception as error:  # the candidate is disqualified in its round, on every rank
                     log.warning("collective autotuning: preparing %s failed", candidate.name, exc_info=True)
-                    self._prepare_errors[(op_index, candidate.name)] = repr(error)
+                    self._prepare_errors[(id(ops[op_index]), candidate.name)] = repr(error)
 
     def _join(
         self, control: ControlStore, ops: Sequence[OpToTune], remembered: Sequence[CollectiveDecision | None]
@@ -581,38 +695,40 @@ class CollectiveBenchmarker:
             f"candidates on this rank: {[[c.name for c in op.candidates] for op in ops]})"
         )
 
-    def _run_session(self, rounds: Sequence[tuple[int, Candidate]], control: ControlStore) -> list[CandidateResult]:
-        # Steps 0..n-1 are the rounds, n the exchange, n + 1 the commit; a
-        # member that committed counts as past every step (n + 2).
-        exchange, commit = len(rounds), len(rounds) + 1
-        local: dict[int, RankReport] = {}  # this rank's outcome of each round it completed
-        failed: dict[int, CandidateResult] = {}  # rounds disqualified by a failure agreement
-        attempts = [1] * len(rounds)
+    def _run_session(
+        self, plans: Sequence[tuple[OpToTune, list[Candidate]]], control: ControlStore
+    ) -> list[list[CandidateResult]]:
+        # plans: each benchmarked op and its candidates in preference order.
+        # The schedule is rebuilt after every failure agreement, from where the
+        # session resumes, the same way on every member; step len(schedule) is
+        # the exchange, the next one the commit, and a member that committed
+        # counts as past every step.
+        competing = [[True] * len(candidates) for _, candidates in plans]
+        failed: dict[tuple[int, int], CandidateResult] = {}  # disqualified by a failure agreement
+        attempts: dict[tuple[int, int], int] = collections.defaultdict(lambda: 1)
+        local = _LocalOutcomes()
         exchange_attempts = 1
-        references: dict[int, torch.Tensor] = {}  # per op: its default's first output
-        gathered: list[list[float]] = []
+        gathered: list[list[float]] | None = None
+        resume = _Resume(op=0, warmup_from=0)
         epoch = 0
-        step = 0
         while True:
+            schedule = self._schedule(plans, competing, resume)
+            exchange, commit = len(schedule), len(schedule) + 1
+            step = 0
             try:
-                if step < exchange:
-                    if step not in failed:
-                        op_index, candidate = rounds[step]
-                        local[step], output = self._round(op_index, candidate, references.get(op_index))
-                        if candidate.is_default and output is not None:
-                            references[op_index] = output.clone()
-                    step += 1
-                    continue
-                if step == exchange:
-                    gathered = self._exchange([local.get(i, RankReport(CandidateStatus.OK)) for i in range(exchange)])
-                    step += 1
-                    continue
+                while step < exchange:
+                    step = self._run_op(plans, schedule, step, local)
+                if gathered is None:
+                    step = exchange
+                    gathered = self._exchange(plans, local)
+                step = commit
                 self._commit()
                 control.post("committed", "")
                 break
             except _StepFailed as error:
-                failure = f"{step}:{int(error.status)}:{error.stage}"
-                log.info("collective autotuning: step %d failed on this rank: %s", step, error)
+                failed_at = step if error.step is None else error.step
+                failure = f"{failed_at}:{int(error.status)}:{error.stage}"
+                log.info("collective autotuning: step %d failed on this rank: %s", failed_at, error)
             # Only now, with the exception and its frames gone, is this rank's
             # last reference to the channel the one dropped here.
             self._drop_channel()
@@ -630,67 +746,118 @@ class CollectiveBenchmarker:
                         f"{exchange_attempts} times ({stage}); its channel cannot carry a collective"
                     )
                 exchange_attempts += 1
-                step = exchange
+                resume = _Resume(op=len(plans), warmup_from=0)
+                gathered = None
                 continue
-            for later in [i for i in local if i >= failed_step]:
-                del local[later]
-            failed_op, failed_candidate = rounds[failed_step]
-            for later_op in {op for op, _ in rounds[failed_step:]}:
-                if later_op != failed_op or failed_candidate.is_default:
-                    references.pop(later_op, None)
+            blamed = schedule[failed_step]
+            key = (blamed.op, blamed.candidate)
             status = max(report.status for report in reports)
-            if status.retryable and attempts[failed_step] <= self.config.retries:
-                attempts[failed_step] += 1
-                step = failed_step
-                continue
-            failed[failed_step] = CandidateResult(failed_candidate.name, reports, attempts[failed_step], stage)
-            step = failed_step + 1
-        return [
-            failed.get(i)
-            or CandidateResult(
-                candidate.name,
-                tuple(RankReport(CandidateStatus(int(row[2 * i])), row[2 * i + 1]) for row in gathered),
-                attempts[i],
-                "exchange",
+            if status.retryable and attempts[key] <= self.config.retries:
+                attempts[key] += 1
+            else:
+                failed[key] = CandidateResult(plans[blamed.op][1][blamed.candidate].name, reports, attempts[key], stage)
+                competing[blamed.op][blamed.candidate] = False
+            # A failure in a warmup resumes at that candidate's warmup; one in
+            # the timed runs restarts the op's timed runs, which must all see
+            # the same stretch of time.
+            resume = _Resume(op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate)
+            local.forget_from(resume)
+            gathered = None
+        width = 1 + self.config.nruns  # a candidate's status and timed runs, in the exchange
+        offsets = list(itertools.accumulate([len(candidates) * width for _, candidates in plans], initial=0))
+
+        def reports(op: int, index: int) -> tuple[RankReport, ...]:
+            start = offsets[op] + index * width
+            return tuple(
+                RankReport(CandidateStatus(int(row[start])), tuple(row[start + 1 : start + width])) for row in gathered
             )
-            for i, (_, candidate) in enumerate(rounds)
+
+        return [
+            [
+                failed.get((op, index)) or CandidateResult(candidate.name, reports(op, index), attempts[(op, index)])
+                for index, candidate in enumerate(candidates)
+            ]
+            for op, (_, candidates) in enumerate(plans)
         ]
 
-    def _round(
-        self, op_index: int, candidate: Candidate, reference: torch.Tensor | None
-    ) -> tuple[RankReport, torch.Tensor | None]:
-        if (op_index, candidate.name) in self._prepare_errors:
-            raise _StepFailed(CandidateStatus.RAISED, "prepare")
-        channel = self._channel()
-        status, output = CandidateStatus.OK, None
-        counters["collective_autotuning"]["rounds"] += 1
-        with registered_as(self.group_name, channel):
-            stage = "warmup"
-            try:
-                with _timed("warmup_s"):
-                    for i in range(max(1, self.config.nwarmup)):
-                        value = candidate.fn()
-                        if i == 0:
-                            output = first_tensor(value)
-                            _wait_device(self.device, self._step_deadline())
-                            if self.config.screen and not candidate.is_default and not outputs_match(output, reference):
-                                status = CandidateStatus.WRONG_RESULT
-                    _wait_device(self.device, self._step_deadline())
-                stage = "timed runs"
-                with _timed("timed_s"):
-                    median = statistics.median(
-                        time_runs(candidate.fn, self.config.nruns, self.device, self._step_deadline())
-                    )
-            except Exception as error:
-                raise _StepFailed(_classify(error), stage, error) from error
-        return RankReport(status, median), output
+    def _schedule(
+        self, plans: Sequence[tuple[OpToTune, list[Candidate]]], competing: list[list[bool]], resume: _Resume
+    ) -> list[_Step]:
+        # Per op: each competing candidate's warmup in preference order, then
+        # nruns iterations in each of which every competing candidate runs
+        # once, in an order that every member draws alike from the op's key.
+        steps: list[_Step] = []
+        for op in range(resume.op, len(plans)):
+            active = [index for index, on in enumerate(competing[op]) if on]
+            warmup_from = resume.warmup_from if op == resume.op else 0
+            if warmup_from is not None:
+                steps += [_Step(op, index, timed=False) for index in active if index >= warmup_from]
+            for run in range(self.config.nruns):
+                order = interleaved_order(len(active), f"{plans[op][0].key}|{run}")
+                steps += [_Step(op, active[position], timed=True, run=run) for position in order]
+        return steps
 
-    def _exchange(self, reports: list[RankReport]) -> list[list[float]]:
-        # Every round's [status, median] of every member, in one collective.
+    def _run_op(
+        self, plans: Sequence[tuple[OpToTune, list[Candidate]]], schedule: list[_Step], start: int, local: _LocalOutcomes
+    ) -> int:
+        # Runs the steps of one op from schedule[start]; returns where the next op starts.
+        op = schedule[start].op
+        end = next((i for i in range(start, len(schedule)) if schedule[i].op != op), len(schedule))
+        op_to_tune, candidates = plans[op]
+        timed = [i for i in range(start, end) if schedule[i].timed]
+        try:
+            channel = self._channel()
+        except _StepFailed as error:
+            raise _StepFailed(error.status, error.stage, step=start) from error
+        with registered_as(self.group_name, channel):
+            for i in range(start, timed[0] if timed else end):
+                self._warm_up(i, schedule[i], op_to_tune, candidates[schedule[i].candidate], local)
+            if timed:
+                calls = [candidates[schedule[i].candidate].fn for i in timed]
+                try:
+                    with _timed("timed_s"):
+                        times = _time_calls(calls, self.device, self.config.timeout.total_seconds())
+                except _CallFailed as failure:
+                    raise _StepFailed(
+                        _classify(failure.error), "timed runs", failure.error, step=timed[failure.index]
+                    ) from failure.error
+                local.record_runs(op, [schedule[i].candidate for i in timed], times)
+        return end
+
+    def _warm_up(self, index: int, step: _Step, op: OpToTune, candidate: Candidate, local: _LocalOutcomes) -> None:
+        if (id(op), candidate.name) in self._prepare_errors:
+            raise _StepFailed(CandidateStatus.RAISED, "prepare", step=index)
+        counters["collective_autotuning"]["rounds"] += 1
+        status = CandidateStatus.OK
+        try:
+            with _timed("warmup_s"):
+                for run in range(max(1, self.config.nwarmup)):
+                    value = candidate.fn()
+                    if run == 0:
+                        output = first_tensor(value)
+                        _wait_device(self.device, self._step_deadline())
+                        if candidate.is_default and output is not None:
+                            local.references[step.op] = output.clone()
+                        elif self.config.screen and not outputs_match(output, local.references.get(step.op)):
+                            # Still timed on this rank, so that its collectives
+                            # stay matched; disqualified at the exchange.
+                            status = CandidateStatus.WRONG_RESULT
+                _wait_device(self.device, self._step_deadline())
+        except Exception as error:
+            raise _StepFailed(_classify(error), "warmup", error, step=index) from error
+        local.statuses[(step.op, step.candidate)] = status
+
+    def _exchange(self, plans: Sequence[tuple[OpToTune, list[Candidate]]], local: _LocalOutcomes) -> list[list[float]]:
+        # Every candidate's status and timed runs on every member, in one collective.
+        flat = [
+            value
+            for op, (_, candidates) in enumerate(plans)
+            for index in range(len(candidates))
+            for value in local.flatten(op, index, self.config.nruns)
+        ]
         channel = self._channel()
         try:
             with _timed("sync_s"):
-                flat = [value for report in reports for value in (float(report.status), report.median_ms)]
                 gathered = self._all_gather(channel, flat)
         except Exception as error:
             raise _StepFailed(_classify(error), "exchange", error) from error
@@ -753,22 +920,10 @@ class CollectiveBenchmarker:
         return [row.tolist() for row in gathered]
 
     # Decision and logging ------------------------------------------------------
-    def _decide(self, results: list[CandidateResult]) -> CollectiveDecision:
-        index = pick_winner([result.time_ms for result in results], self.config.tie_tolerance)
-        if index is None:
-            return CollectiveDecision(
-                self.group_name, tuple(results), None, "no candidate qualified: every rank uses the default"
-            )
-        winner = results[index]
-        fastest = min(result.time_ms for result in results)
-        if winner.time_ms == fastest:
-            reason = "fastest"
-        else:
-            reason = (
-                f"within {self.config.tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); "
-                "ties go to the default, then to registration order"
-            )
-        return CollectiveDecision(self.group_name, tuple(results), winner.name, reason)
+    def _decide(self, results: list[CandidateResult], has_default: bool) -> CollectiveDecision:
+        index, reason = decide(results, has_default, self.config.tie_tolerance, self.config.confidence)
+        winner = None if index is None else results[index].name
+        return CollectiveDecision(self.group_name, tuple(results), winner, reason)
 
     def _log(self, decision: CollectiveDecision, key: str) -> None:
         if not decision_log.isEnabledFor(logging.DEBUG):

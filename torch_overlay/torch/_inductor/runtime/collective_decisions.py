@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import random
+import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -23,12 +25,16 @@ __all__ = [
     "CollectiveDecision",
     "RankReport",
     "SCREENING_TOLERANCES",
+    "beats_default",
+    "decide",
     "earliest_failure",
     "first_tensor",
+    "interleaved_order",
     "is_default_choice",
     "outputs_match",
     "pick_winner",
     "select_winner",
+    "sign_test_p_value",
 ]
 
 
@@ -67,10 +73,14 @@ SCREENING_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 
 @dataclasses.dataclass(frozen=True)
 class RankReport:
-    """What one rank reported for one candidate (``median_ms`` is nan when not timed)."""
+    """What one rank reported for one candidate: its status and its timed runs in ms (none when not timed)."""
 
     status: CandidateStatus
-    median_ms: float = math.nan
+    samples: tuple[float, ...] = ()
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.samples) if self.samples else math.nan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +97,16 @@ class CandidateResult:
         return max(report.status for report in self.reports)
 
     @property
+    def runs_ms(self) -> list[float]:
+        """Each timed run's time: the slowest rank's in that run (a collective ends when its last rank does)."""
+        return [max(run) for run in zip(*(report.samples for report in self.reports))]
+
+    @property
     def time_ms(self) -> float:
-        """The slowest rank's median, or inf when the candidate is disqualified."""
-        if self.status is not CandidateStatus.OK:
+        """The median of :attr:`runs_ms`, or inf when the candidate is disqualified."""
+        if self.status is not CandidateStatus.OK or not self.runs_ms:
             return math.inf
-        return max(report.median_ms for report in self.reports)
+        return statistics.median(self.runs_ms)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +136,73 @@ def pick_winner(times_ms: Sequence[float], tie_tolerance: float) -> int | None:
         return None
     fastest = min(times_ms[i] for i in qualified)
     return next(i for i in qualified if times_ms[i] <= fastest * (1.0 + tie_tolerance))
+
+
+def sign_test_p_value(advantages: Sequence[float]) -> float:
+    """One-sided sign test: the chance of at least this many positive ``advantages`` if each were a coin flip.
+
+    Ties (zero) are dropped.  Distribution-free: it uses only which of two
+    paired runs was faster, so a few outliers cannot move it.
+    """
+    signs = [a for a in advantages if a != 0]
+    wins = sum(a > 0 for a in signs)
+    n = len(signs)
+    if n == 0:
+        return 1.0
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
+
+
+def beats_default(candidate: CandidateResult, default: CandidateResult, confidence: float) -> tuple[bool, str]:
+    """Whether ``candidate`` beats ``default`` by more than the session's noise, and why.
+
+    The two ran interleaved, so run ``i`` of each saw the same moment of the
+    machine: their difference in that run is free of drift.  The candidate
+    wins when it was faster in significantly more runs than chance
+    (:func:`sign_test_p_value` at most ``1 - confidence``).
+    """
+    advantages = [d - c for d, c in zip(default.runs_ms, candidate.runs_ms)]
+    p_value = sign_test_p_value(advantages)
+    faster = sum(a > 0 for a in advantages)
+    summary = f"faster than the default in {faster} of {len(advantages)} runs (sign test p={p_value:.3g})"
+    return p_value <= 1.0 - confidence, summary
+
+
+def decide(
+    results: Sequence[CandidateResult], has_default: bool, tie_tolerance: float, confidence: float
+) -> tuple[int | None, str]:
+    """The winner's index among ``results`` (in preference order, the default first when
+    ``has_default``) and the reason; ``None`` when nothing qualified.
+
+    The fastest qualified candidate wins, near-ties going to the earlier
+    (:func:`pick_winner`); a winner other than the default must also beat the
+    default beyond noise (:func:`beats_default`), or the default stays.
+    """
+    times = [result.time_ms for result in results]
+    index = pick_winner(times, tie_tolerance)
+    if index is None:
+        return None, "no candidate qualified: every rank uses the default"
+    fastest = min(times)
+    reason = "fastest" if times[index] == fastest else (
+        f"within {tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); ties go to the default, "
+        "then to registration order"
+    )
+    if not has_default or index == 0 or results[0].status is not CandidateStatus.OK:
+        return index, reason
+    beats, summary = beats_default(results[index], results[0], confidence)
+    if beats:
+        return index, f"{reason}; {summary}"
+    return 0, (
+        f"the default stays: {results[index].name} was {summary}, within the session's noise "
+        f"at {confidence:.0%} confidence"
+    )
+
+
+def interleaved_order(count: int, seed: str) -> list[int]:
+    """The order of one interleaved iteration over ``count`` candidates: a shuffle that every
+    rank draws alike from ``seed`` (the op and the iteration)."""
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return order
 
 
 def is_default_choice(choice: Any) -> bool:

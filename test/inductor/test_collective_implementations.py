@@ -1,0 +1,158 @@
+"""The library of collective implementations (torch/_inductor/kernel/collective_implementations.py).
+
+What this checks, at 2, 3 and 4 gloo ranks:
+
+* Exactness of every implementation of every collective, run eagerly,
+  against the collective's closed form computed from every rank's input
+  (each rank derives all inputs from seeds):
+
+  - bitwise for int64 inputs, and for float32 inputs whose sums are exact
+    (small integers), on a shape whose dim 0 divides by the world size and,
+    for all_reduce (whose implementations may pad), on one that does not;
+  - for random positive float32 inputs, within a relative error of
+    ``world_size * 2**-24``: every implementation adds the same
+    ``world_size`` positive terms in some order, each addition rounding by
+    at most half a unit in the last place of its partial sum.
+
+* At 2 ranks, one compiled program with an op of each kind registered through
+  ``register_collective_implementations``: every rank's program issues the
+  same collectives in the same order (the same winner of each op everywhere)
+  and the results are exact.
+
+And, without ranks: registering an unknown collective or implementation is
+a clear error.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.distributed as dist
+from torch._inductor.kernel.collective_implementations import IMPLEMENTATIONS, register_collective_implementations
+from torch.distributed.distributed_c10d import _resolve_process_group
+from torch._inductor.utils import run_and_get_code
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+from test_collective_autotuning import SpawnedRanksTestCase, tuning_config
+
+
+def _inputs(kind: str, world: int, dtype: torch.dtype, rows: int, exact: bool) -> list[torch.Tensor]:
+    """Every rank's input, the same on every rank (seeded by rank)."""
+    tensors = []
+    for rank in range(world):
+        generator = torch.Generator().manual_seed(1000 * rank + rows)
+        if exact:
+            values = torch.randint(-50, 50, (rows, 5), generator=generator).to(dtype)
+        else:
+            values = torch.rand((rows, 5), generator=generator, dtype=dtype) + 0.5
+        tensors.append(values)
+    return tensors
+
+
+def _expected(kind: str, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
+    world = len(inputs)
+    if kind == "all_reduce":
+        return torch.stack(inputs).double().sum(0).to(inputs[0].dtype)
+    if kind == "all_gather":
+        return torch.cat(inputs)
+    if kind == "reduce_scatter":
+        return torch.stack(inputs).double().sum(0).chunk(world)[rank].to(inputs[0].dtype)
+    return torch.cat([peer.chunk(world)[rank] for peer in inputs])
+
+
+def _make_op(kind: str):
+    # One custom op per kind, whose eager default is the library's direct implementation.
+    direct = IMPLEMENTATIONS[kind]["direct"][0]
+
+    def collective(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        return direct(x, group_name).clone()
+
+    def fake(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        world = _resolve_process_group(group_name).size()
+        if kind == "all_gather":
+            return x.new_empty((x.shape[0] * world, *x.shape[1:]))
+        if kind == "reduce_scatter":
+            return x.new_empty((x.shape[0] // world, *x.shape[1:]))
+        return torch.empty_like(x)
+
+    op = torch.library.custom_op(f"collective_implementations_test::{kind}", mutates_args=())(collective)
+    op.register_fake(fake)
+    return op
+
+
+OPS = {kind: _make_op(kind) for kind in IMPLEMENTATIONS}
+
+
+class ImplementationTests:
+    WORLD_SIZE = 2
+
+    def test_every_implementation_is_exact(self):
+        self._init_process_group()
+        world, group_name = self.world_size, dist.group.WORLD.group_name
+        mismatches = []
+        for kind, implementations in IMPLEMENTATIONS.items():
+            shapes = [world * 6] + ([13] if kind == "all_reduce" else [])
+            for rows in shapes:
+                for dtype, exact in ((torch.int64, True), (torch.float32, True), (torch.float32, False)):
+                    inputs = _inputs(kind, world, dtype, rows, exact)
+                    expected = _expected(kind, inputs, self.rank)
+                    for name, (fn, params) in implementations.items():
+                        actual = fn(inputs[self.rank].clone(), group_name, **params)
+                        label = f"{kind}/{name} {dtype} rows={rows} {'exact' if exact else 'random'}"
+                        if exact and not torch.equal(actual, expected):
+                            mismatches.append(f"{label}: not bitwise equal")
+                        elif not exact and not torch.allclose(actual, expected, rtol=world * 2**-24, atol=0):
+                            error = ((actual - expected).abs() / expected.abs()).max().item()
+                            mismatches.append(f"{label}: relative error {error:.3g}")
+        self.assertEqual(mismatches, [])
+        dist.destroy_process_group()
+
+
+for _world_size in (2, 3, 4):
+    _name = f"CollectiveImplementations{_world_size}RanksTest"
+    globals()[_name] = type(
+        _name, (ImplementationTests, SpawnedRanksTestCase), {"WORLD_SIZE": _world_size, "__module__": __name__}
+    )
+
+
+class CompiledImplementationsTest(SpawnedRanksTestCase):
+    WORLD_SIZE = 2
+
+    def test_one_op_of_each_kind_compiled(self):
+        self._init_process_group()
+        group_name = dist.group.WORLD.group_name
+        kinds = list(IMPLEMENTATIONS)
+        for kind in kinds:
+            register_collective_implementations(OPS[kind], kind)
+        world = self.world_size
+        inputs = {kind: _inputs(kind, world, torch.float32, world * 6, exact=True) for kind in kinds}
+
+        def program(*xs):
+            return [OPS[kind](x, group_name) for kind, x in zip(kinds, xs)]
+
+        with tuning_config(True):
+            results, (*_, code) = run_and_get_code(torch.compile(program), *[inputs[k][self.rank] for k in kinds])
+        for kind, result in zip(kinds, results):
+            self.assertTrue(torch.equal(result, _expected(kind, inputs[kind], self.rank)), kind)
+        # Every rank's program issues the same collectives in the same order:
+        # the same implementation of every op won everywhere.
+        call = code[code.index("def call") :]
+        issued = re.findall(r"_c10d_functional\.(\w+)\.default", call)
+        self.assertTrue(issued)
+        everywhere: list = [None] * world
+        dist.all_gather_object(everywhere, issued)
+        self.assertEqual(everywhere, [issued] * world)
+        dist.destroy_process_group()
+
+
+class RegistrationErrorsTest(TestCase):
+    def test_unknown_collective_or_implementation(self):
+        with self.assertRaisesRegex(ValueError, "unknown collective 'broadcast'"):
+            register_collective_implementations(OPS["all_reduce"], "broadcast")
+        with self.assertRaisesRegex(ValueError, r"unknown all_reduce implementations \['ring'\]"):
+            register_collective_implementations(OPS["all_reduce"], "all_reduce", names=["direct", "ring"])
+
+
+if __name__ == "__main__":
+    run_tests()

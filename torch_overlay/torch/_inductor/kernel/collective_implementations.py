@@ -1,0 +1,256 @@
+"""Exact-equivalent implementations of the collectives, to autotune among.
+
+The building blocks of tensor parallelism (all_reduce, all_gather,
+reduce_scatter, all_to_all) can each be computed in several ways from the
+functional collectives (``torch.ops._c10d_functional``).  Which way is fastest
+depends on the size (latency-bound or bandwidth-bound), the world size, the
+backend and the interconnect, and is best found by measuring; this module
+lists such ways and registers them for a custom op's autotuning in one call::
+
+    @torch.library.custom_op("mylib::all_reduce", mutates_args=())
+    def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor: ...
+
+    register_collective_implementations(all_reduce, "all_reduce")
+
+Every rank of the group then benchmarks the implementations together and
+picks the same one (see ``torch/_inductor/runtime/collective_benchmarking.py``).
+
+Conventions.  An implementation takes ``(x, group_name)`` (and, for some,
+parameters given at registration) and returns what the collective over
+``group_name`` returns, along dim 0 as the ``*_into_tensor`` functional
+collectives do: all_gather concatenates the ranks' inputs, reduce_scatter
+gives rank ``r`` the sum of every rank's ``r``-th slice of dim 0, all_to_all
+gives rank ``r`` every rank's ``r``-th slice, in rank order; sums only.  The
+group is named, not captured, so that the op serves every tensor-parallel
+group and the autotuner reads the group from the implementations' graphs.
+Implementations that need a size divisible by the world size pad and unpad.
+
+Exactness.  Every implementation moves the same values; those that reduce
+add them in another order than the backend does (a ring all-reduce, a local
+sum over gathered inputs).  Integer sums, and float sums that are exact
+(integers below 2**24 in float32, for instance), are therefore bitwise equal
+across implementations; other float sums differ by rounding, at most about
+``world_size - 1`` units in the last place of the sum.  Implementations that
+only move data are bitwise equal, except ``all_gather`` through ``all_reduce``,
+which adds zeros: it turns ``-0.0`` into ``+0.0``.
+
+Chunking follows the bounded pipeline of PCCL-style collectives: a large
+tensor is cut in ``chunks`` pieces with at most ``in_flight`` collectives
+outstanding, which bounds the memory held by in-flight buffers and lets the
+transfer of one piece overlap the wait for another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+__all__ = [
+    "IMPLEMENTATIONS",
+    "register_collective_implementations",
+]
+
+_funcol = torch.ops._c10d_functional
+
+
+def _wait(tensor: torch.Tensor) -> torch.Tensor:
+    return _funcol.wait_tensor(tensor)
+
+
+def _size(group_name: str) -> int:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name).size()
+
+
+def _rank(group_name: str) -> int:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(group_name).rank()
+
+
+def _padded_flat(x: torch.Tensor, multiple: int) -> torch.Tensor:
+    flat = x.reshape(-1)
+    return F.pad(flat, (0, -flat.numel() % multiple))
+
+
+def _all_to_all(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    # Equal slices of dim 0 to every rank.
+    splits = [x.shape[0] // _size(group_name)] * _size(group_name)
+    return _wait(_funcol.all_to_all_single(x, splits, splits, group_name))
+
+
+def _pipelined(pieces: Sequence[torch.Tensor], issue: Callable[[torch.Tensor], torch.Tensor], in_flight: int):
+    # Issue one collective per piece, waiting for the oldest whenever
+    # in_flight of them are outstanding; results in order.
+    pending: list[torch.Tensor] = []
+    done: list[torch.Tensor] = []
+    for piece in pieces:
+        if len(pending) == max(1, in_flight):
+            done.append(_wait(pending.pop(0)))
+        pending.append(issue(piece))
+    return done + [_wait(tensor) for tensor in pending]
+
+
+# --- all_reduce (sum) ---------------------------------------------------------------
+def all_reduce_direct(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The backend's all_reduce."""
+    return _wait(_funcol.all_reduce(x, "sum", group_name))
+
+
+def all_reduce_reduce_scatter_all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Each rank reduces one shard, then the shards are gathered: bandwidth-bound sizes."""
+    world = _size(group_name)
+    flat = _padded_flat(x, world)
+    shard = _wait(_funcol.reduce_scatter_tensor(flat, "sum", world, group_name))
+    full = _wait(_funcol.all_gather_into_tensor(shard, world, group_name))
+    return full[: x.numel()].view_as(x)
+
+
+def all_reduce_all_gather_sum(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Every rank gathers every input and sums locally: one collective, for latency-bound sizes."""
+    world = _size(group_name)
+    gathered = _wait(_funcol.all_gather_into_tensor(x.reshape(1, -1), world, group_name))
+    return gathered.sum(0).view_as(x)
+
+
+def all_reduce_chunked(x: torch.Tensor, group_name: str, chunks: int = 4, in_flight: int = 2) -> torch.Tensor:
+    """``chunks`` all_reduces of pieces of ``x``, at most ``in_flight`` outstanding."""
+    pieces = x.reshape(-1).tensor_split(chunks)
+    reduced = _pipelined(pieces, lambda piece: _funcol.all_reduce(piece, "sum", group_name), in_flight)
+    return torch.cat(reduced).view_as(x)
+
+
+# --- all_gather ---------------------------------------------------------------------
+def all_gather_direct(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The backend's all_gather."""
+    return _wait(_funcol.all_gather_into_tensor(x, _size(group_name), group_name))
+
+
+def all_gather_all_to_all(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """An all_to_all in which every rank sends every peer a full copy of ``x``."""
+    world = _size(group_name)
+    return _all_to_all(x.repeat(world, *([1] * (x.dim() - 1))), group_name)
+
+
+def all_gather_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Every rank puts ``x`` in its own slot of zeros and the slots are summed (``-0.0`` becomes ``+0.0``)."""
+    world, rank = _size(group_name), _rank(group_name)
+    slots = x.new_zeros((world, *x.shape))
+    slots = torch.cat([slots[:rank], x.unsqueeze(0), slots[rank + 1 :]])
+    return _wait(_funcol.all_reduce(slots, "sum", group_name)).view(world * x.shape[0], *x.shape[1:])
+
+
+def all_gather_chunked(x: torch.Tensor, group_name: str, chunks: int = 2, in_flight: int = 2) -> torch.Tensor:
+    """``chunks`` all_gathers of pieces of dim 0, at most ``in_flight`` outstanding."""
+    world = _size(group_name)
+    pieces = x.tensor_split(chunks)
+    gathered = _pipelined(pieces, lambda piece: _funcol.all_gather_into_tensor(piece, world, group_name), in_flight)
+    # Piece j gathered is [rank 0's piece j, rank 1's piece j, ...]: regroup by rank.
+    per_rank = [g.view(world, -1, *x.shape[1:]) for g in gathered]
+    return torch.cat(per_rank, dim=1).view(world * x.shape[0], *x.shape[1:])
+
+
+# --- reduce_scatter (sum) -----------------------------------------------------------
+def reduce_scatter_direct(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The backend's reduce_scatter."""
+    return _wait(_funcol.reduce_scatter_tensor(x, "sum", _size(group_name), group_name))
+
+
+def reduce_scatter_all_to_all_sum(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """An all_to_all hands this rank every peer's shard, summed locally."""
+    world = _size(group_name)
+    shards = _all_to_all(x, group_name)
+    return shards.view(world, x.shape[0] // world, *x.shape[1:]).sum(0)
+
+
+def reduce_scatter_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """All of ``x`` is reduced and this rank keeps its shard."""
+    world, rank = _size(group_name), _rank(group_name)
+    reduced = _wait(_funcol.all_reduce(x, "sum", group_name))
+    return reduced.view(world, x.shape[0] // world, *x.shape[1:])[rank]
+
+
+# --- all_to_all ---------------------------------------------------------------------
+def all_to_all_direct(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """The backend's all_to_all, equal slices of dim 0."""
+    return _all_to_all(x, group_name)
+
+
+def all_to_all_chunked(x: torch.Tensor, group_name: str, chunks: int = 2, in_flight: int = 2) -> torch.Tensor:
+    """Every rank's slice cut in ``chunks`` pieces, one all_to_all per piece, at most ``in_flight`` outstanding."""
+    world = _size(group_name)
+    slices = x.view(world, x.shape[0] // world, *x.shape[1:])
+    pieces = [piece.reshape(-1, *x.shape[1:]) for piece in slices.tensor_split(chunks, dim=1)]
+    splits = lambda piece: [piece.shape[0] // world] * world  # noqa: E731
+    exchanged = _pipelined(
+        pieces, lambda piece: _funcol.all_to_all_single(piece, splits(piece), splits(piece), group_name), in_flight
+    )
+    per_rank = [e.view(world, -1, *x.shape[1:]) for e in exchanged]
+    return torch.cat(per_rank, dim=1).view_as(x)
+
+
+def all_to_all_all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Every rank gathers every input and keeps its own slices: one collective, ``world`` times the data."""
+    world, rank = _size(group_name), _rank(group_name)
+    gathered = _wait(_funcol.all_gather_into_tensor(x, world, group_name))
+    return gathered.view(world, world, x.shape[0] // world, *x.shape[1:])[:, rank].reshape(x.shape)
+
+
+# kind -> implementation name -> (function, parameters given at registration)
+IMPLEMENTATIONS: dict[str, dict[str, tuple[Callable[..., torch.Tensor], dict[str, Any]]]] = {
+    "all_reduce": {
+        "direct": (all_reduce_direct, {}),
+        "reduce_scatter_all_gather": (all_reduce_reduce_scatter_all_gather, {}),
+        "all_gather_sum": (all_reduce_all_gather_sum, {}),
+        "chunked": (all_reduce_chunked, {"chunks": 4, "in_flight": 2}),
+    },
+    "all_gather": {
+        "direct": (all_gather_direct, {}),
+        "all_to_all": (all_gather_all_to_all, {}),
+        "all_reduce": (all_gather_all_reduce, {}),
+        "chunked": (all_gather_chunked, {"chunks": 2, "in_flight": 2}),
+    },
+    "reduce_scatter": {
+        "direct": (reduce_scatter_direct, {}),
+        "all_to_all_sum": (reduce_scatter_all_to_all_sum, {}),
+        "all_reduce": (reduce_scatter_all_reduce, {}),
+    },
+    "all_to_all": {
+        "direct": (all_to_all_direct, {}),
+        "chunked": (all_to_all_chunked, {"chunks": 2, "in_flight": 2}),
+        "all_gather": (all_to_all_all_gather, {}),
+    },
+}
+
+
+def register_collective_implementations(
+    custom_op: Any, kind: str, names: Sequence[str] | None = None, **autotuning_kwargs: Any
+) -> list[str]:
+    """Register the library's implementations of ``kind`` for ``custom_op``'s autotuning.
+
+    ``custom_op`` (a ``torch.library.custom_op`` or an ``OpOverload``) must
+    take ``(x: Tensor, group_name: str)`` and compute the collective ``kind``
+    (a key of :data:`IMPLEMENTATIONS`) over the named group, following this
+    module's conventions; its own implementation stays the default that the
+    others must beat.  ``names`` selects implementations (default: all);
+    ``autotuning_kwargs`` go to ``register_custom_op_autotuning``.  Returns
+    the registered implementations' names, in order.  Every rank must
+    register the same implementations: they are compared by name and graph.
+    """
+    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+
+    if kind not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown collective {kind!r}; expected one of {sorted(IMPLEMENTATIONS)}")
+    available = IMPLEMENTATIONS[kind]
+    names = list(available) if names is None else list(names)
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise ValueError(f"unknown {kind} implementations {unknown}; expected some of {list(available)}")
+    configs = [CustomOpConfig(available[name][0], **available[name][1]) for name in names]
+    register_custom_op_autotuning(custom_op, configs=configs, **autotuning_kwargs)
+    return names
