@@ -16,7 +16,9 @@ per launch, one process each, rendezvous over env://):
    same op on 8 inputs of different sizes): the slowest rank's first call,
    in fresh processes with Inductor's caches off (a private cache directory
    per launch), without autotuning (no implementation registered), with V1
-   and with V2, side by side.  Overhead = tuned - untuned.
+   and with V2, side by side: ``--repeats`` launches per path, interleaved,
+   and their median (C++ compilation dominates and swings by seconds from one
+   launch to the next).  Overhead = tuned - untuned.
 
 1. **Autotuning overhead** for a graph of 1, 3 and 8 collective ops (each an
    all_reduce custom op with three implementations: the eager default, a
@@ -295,10 +297,10 @@ def launch(nproc: int, *worker_args: str) -> list[dict]:
         return reports
 
 
-def compile_table(nprocs: list[int], programs: list[str]) -> None:
+def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
     print(
         "\nCompile wall time: first call of a program of n collective ops, each followed by relu(y * 0.5 + (i + 1)); "
-        "slowest rank, fresh processes, caches off; seconds\n"
+        f"slowest rank, fresh processes, caches off; median of {repeats} launches per path, interleaved; seconds\n"
     )
     print("| ranks | ops | no autotuning | V1 | V2 | overhead V1 | overhead V2 | ops benchmarked V1 / V2 |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -306,8 +308,15 @@ def compile_table(nprocs: list[int], programs: list[str]) -> None:
         for program in programs:
             nops = -int(program[:-1]) if program.endswith("d") else int(program)
             label = f"{abs(nops)} distinct" if nops < 0 else f"{nops} identical"
-            rows = {path: launch(nproc, "compile", path, str(nops), "0") for path in ("none", "V1", "V2")}
-            wall = {path: max(r["first_call_s"] for r in reports) for path, reports in rows.items()}
+            # Launches interleaved across the paths, median per path: one
+            # launch's compile time swings by seconds on a shared machine.
+            walls: dict[str, list[float]] = {"none": [], "V1": [], "V2": []}
+            rows = {}
+            for _ in range(repeats):
+                for path in walls:
+                    rows[path] = launch(nproc, "compile", path, str(nops), "0")
+                    walls[path].append(max(r["first_call_s"] for r in rows[path]))
+            wall = {path: statistics.median(values) for path, values in walls.items()}
             overhead = {path: wall[path] - wall["none"] for path in ("V1", "V2")}
             benchmarked = "/".join(str(rows[path][0]["benchmarked"]) for path in ("V1", "V2"))
             print(
@@ -424,6 +433,7 @@ def main() -> None:
     parser.add_argument("--compare-with", default=PER_CANDIDATE_PROTOCOL, help="git revision of the older protocol")
     parser.add_argument("--tables", default="compile,overhead,protocol,compare,block", help="which tables to print")
     parser.add_argument("--compile-ops", default="1,3,8,32,8d", help="programs of the compile table (Nd: N distinct)")
+    parser.add_argument("--repeats", type=int, default=3, help="launches per path and cell of the compile table")
     parser.add_argument("--worker", nargs=4, metavar=("MODE", "PATH", "NOPS", "RUNS"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -438,7 +448,7 @@ def main() -> None:
     op_counts = [int(n) for n in args.ops.split(",")]
     tables = args.tables.split(",")
     if "compile" in tables:
-        compile_table(nprocs, args.compile_ops.split(","))
+        compile_table(nprocs, args.compile_ops.split(","), args.repeats)
     if "overhead" in tables:
         overhead_table(nprocs, op_counts)
     if "protocol" in tables:

@@ -271,7 +271,8 @@ def main() -> int:
     warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    # A fresh cache per rank, so that every run compiles and benchmarks.
+    # Caches on, as users run them, in a fresh directory per rank, so that
+    # every run of the demo compiles and benchmarks.
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"collective-demo-rank{rank}-")
     numel = args.numel - args.numel % (2 * world)
     if numel <= 0:
@@ -291,8 +292,6 @@ def main() -> int:
     with V.set_choices_handler(recorder), inductor_config.patch(
         collective_benchmark_nruns=args.nruns,
         inductor_default_autotune_warmup=args.warmup,
-        fx_graph_cache=False,
-        autotune_local_cache=False,
         max_autotune_report_choices_stats=False,  # a JSON line per rank on stderr
     ):
         for i, kind in enumerate(args.ops, 1):

@@ -36,6 +36,7 @@ this file checks the scheduler-level behaviour (torch/_inductor/collective_autot
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -98,11 +99,16 @@ def broadcast_sum_fused_tail(x, width):
 
 
 def forget_decisions() -> None:
-    """A fresh start for the next compile: no compiled frame, no remembered collective decision."""
+    """A fresh start for the next compile: no compiled frame, no collective decision
+    remembered in this process or stored in this rank's cache directory."""
+    import shutil
+
     from torch._inductor.runtime import collective_benchmarking
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     torch._dynamo.reset()
     collective_benchmarking._remembered.clear()
+    shutil.rmtree(os.path.join(cache_dir(), "collective_decisions"), ignore_errors=True)
 
 
 class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):

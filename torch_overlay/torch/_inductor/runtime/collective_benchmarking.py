@@ -182,15 +182,18 @@ dispatch state, so disabling it is both correct and scoped.
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import hashlib
 import itertools
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -214,6 +217,8 @@ from .collective_decisions import (
     CandidateStatus,
     CollectiveDecision,
     decide,
+    decision_from_json,
+    decision_to_json,
     earliest_failure,
     first_tensor,
     interleaved_order,
@@ -237,6 +242,7 @@ __all__ = [
     "CollectiveDecision",
     "OpToTune",
     "RankReport",
+    "RecordedSession",
     "SCREENING_TOLERANCES",
     "benchmark_collective_choices",
     "candidate_names",
@@ -245,6 +251,8 @@ __all__ = [
     "collective_group_name",
     "device_of",
     "pick_winner",
+    "recorded_sessions",
+    "replay_sessions",
     "resolve_group",
     "select_winner",
     "sync_with_timeout",
@@ -551,7 +559,9 @@ class CollectiveBenchmarker:
         """
         return self.run_batch([OpToTune(key, candidates, memo_key)])[0]
 
-    def run_batch(self, ops: Sequence[OpToTune]) -> list[CollectiveDecision]:
+    def run_batch(
+        self, ops: Sequence[OpToTune], known: Sequence[CollectiveDecision] | None = None
+    ) -> list[CollectiveDecision]:
         """Benchmark the candidates of several ops in one session; one decision per op.
 
         Every member of the group must call it with the same ops in the same
@@ -561,10 +571,19 @@ class CollectiveBenchmarker:
         benchmarked in preference order (its default first, then the given
         order); at most one candidate per op may be the default, and its first
         output is the reference against which the op's other candidates are
-        screened.  One exchange and one commit end the session.  An op whose
-        decision every member remembers alike (see :class:`OpToTune`) is
-        neither prepared nor benchmarked; when every op is, the session is
-        its join alone.
+        screened.  One exchange and one commit end the session.
+
+        Decisions are remembered (see :class:`OpToTune`'s ``memo_key``), in
+        the process and in Inductor's cache directory.  At the join every
+        member posts what it remembers; an op that any member remembers is
+        neither compiled nor benchmarked: every member adopts the decision of
+        the lowest-ranked member that remembers one (it was agreed by the
+        whole group when it was made), after checking that every member's op
+        has the same ``memo_key``.  When every op is adopted, the session is
+        its join alone.  ``known`` gives a decision per op that this member
+        holds already (a compiled program's, replayed from a cache): it takes
+        part in the join with them, compiles and benchmarks nothing, and
+        returns what the group agreed, which may be another member's.
 
         Returns the decisions in ``ops`` order (a disqualified candidate has an
         infinite time; ``winner`` is ``None`` when none of an op's candidates
@@ -577,7 +596,14 @@ class CollectiveBenchmarker:
         for op in ops:
             if sum(candidate.is_default for candidate in op.candidates) > 1:
                 raise ValueError(f"at most one candidate can be the default (op {op.key!r})")
-        remembered = [self._recall(op) for op in ops]
+        agreed = [_pre_agreed.pop((self.group_name, op.key), None) for op in ops]
+        if ops and all(decision is not None for decision in agreed):
+            # Agreed already, in the join of a cached program's replay that this
+            # compile replaces: the group met for it, it must not meet again.
+            adopted = [_adopt(decision, op) for decision, op in zip(agreed, ops)]
+            _record(self, ops, adopted)
+            return adopted
+        remembered = list(known) if known is not None else [self._recall(op) for op in ops]
         self._state.sessions += 1
         control = ControlStore(
             f"{STORE_PREFIX}/{self.group_name}/session{self._state.sessions}/",
@@ -589,13 +615,7 @@ class CollectiveBenchmarker:
             self._prepare_errors = {}
             self._prepare(ops, [i for i, decision in enumerate(remembered) if decision is None])
             prepared = time.perf_counter()
-            to_run, compile_after_join = self._join(control, ops, remembered)
-            if compile_after_join:
-                # A member remembered an op that the group benchmarks, so it
-                # skipped compiling it: the rounds wait for everyone to compile.
-                self._prepare(ops, [i for i in to_run if remembered[i] is not None])
-                with _timed("presync_s"):
-                    control.rendezvous("prepared", "", "the end of compilation")
+            to_run, adopted = self._join(control, ops, remembered)
             plans = [(ops[i], sorted(ops[i].candidates, key=lambda c: not c.is_default)) for i in to_run]
             try:
                 with no_python_dispatcher():
@@ -608,11 +628,12 @@ class CollectiveBenchmarker:
             if op_index in to_run:
                 position = to_run.index(op_index)
                 decision = self._decide(results[position], has_default=plans[position][1][0].is_default)
-                self._remember(op, decision)
             else:
-                decision = _adopt(remembered[op_index], op)
+                decision = _adopt(adopted[op_index], op)
+            self._remember(op, decision)
             self._log(decision, op.key)
             decisions.append(decision)
+        _record(self, ops, decisions)
         stats = counters["collective_autotuning"]
         stats["ops"] += len(to_run)
         stats["recalled"] += len(ops) - len(to_run)
@@ -621,26 +642,34 @@ class CollectiveBenchmarker:
         return decisions
 
     # Remembered decisions -----------------------------------------------------
-    def _memo_key(self, op: OpToTune) -> tuple[str, str, str] | None:
+    def _memo_key(self, op: OpToTune) -> tuple[str, ...] | None:
         if op.memo_key is None:
             return None
-        # Settings that change a decision; the timeouts only change when a
-        # member is given up on.
+        # What a decision depends on besides the candidates: the group (its
+        # name, size and backend) and the settings that change a decision;
+        # the timeouts only change when a member is given up on.
         config = self.config
-        settings = (config.nwarmup, config.nruns, config.retries, config.tie_tolerance, config.screen)
+        settings = (config.nwarmup, config.nruns, config.retries, config.tie_tolerance, config.screen, config.confidence)
+        group = (self.group_name, self.size, dist.get_backend(self.group), self.device.type)
         # Names carry per-compile counters; the candidates' order and roles do not.
-        return self.group_name, repr(settings), f"{op.memo_key}|{[c.is_default for c in op.candidates]}"
+        return repr(group), repr(settings), f"{op.memo_key}|{[c.is_default for c in op.candidates]}"
 
     def _recall(self, op: OpToTune) -> CollectiveDecision | None:
         key = self._memo_key(op)
-        return None if key is None else _remembered.get(key)
+        if key is None:
+            return None
+        if key not in _remembered:
+            stored = _stored_decision(key)
+            if stored is not None:
+                _remembered[key] = stored
+        return _remembered.get(key)
 
     def _remember(self, op: OpToTune, decision: CollectiveDecision) -> None:
         key = self._memo_key(op)
-        if key is not None:
+        if key is not None and _remembered.get(key) != decision:
             _remembered[key] = decision
+            _store_decision(key, decision)
 
-    # The session's steps ------------------------------------------------------
     def _prepare(self, ops: Sequence[OpToTune], op_indices: Sequence[int]) -> None:
         # Local work before the join (compilation): its duration, which
         # differs between ranks, must not count against a bounded step.
@@ -655,14 +684,15 @@ class CollectiveBenchmarker:
 
     def _join(
         self, control: ControlStore, ops: Sequence[OpToTune], remembered: Sequence[CollectiveDecision | None]
-    ) -> tuple[list[int], bool]:
+    ) -> tuple[list[int], dict[int, CollectiveDecision]]:
         # The pre-sync: one store rendezvous per session.  Posting the per-op
         # digests (not only their combined digest) lets every member name the
-        # first op at which the members differ.  Each member also posts what
-        # it remembers per op; an op is benchmarked unless every member
-        # remembers the same decision for it.  Returns the ops to benchmark,
-        # and whether a member skipped compiling one of them.
-        op_digests = [_digest(f"{op.key}|{[candidate.name for candidate in op.candidates]}") for op in ops]
+        # first op at which the members differ; a digest covers what the op
+        # measures, so a decision is only ever adopted for the same
+        # measurement.  Each member also posts, per op, what it remembers.
+        # Returns the ops that nobody remembers (the group benchmarks them)
+        # and the decision adopted for every other op.
+        op_digests = [_digest(f"{op.key}|{self._identity(op)}") for op in ops]
         memos = [_decision_digest(decision) if decision is not None else "-" for decision in remembered]
         digest = _digest(f"{op_digests}|{self.config}")
         with _timed("presync_s"):
@@ -670,12 +700,37 @@ class CollectiveBenchmarker:
                 "join", f"{digest}|{','.join(op_digests)}|{','.join(memos)}", "the start of autotuning"
             )
         counters["collective_autotuning"]["presync"] += 1
-        if len({post.split("|")[0] for post in posts}) == 1:
-            by_member = [post.split("|")[2].split(",") for post in posts]
-            to_run = [
-                i for i in range(len(ops)) if by_member[0][i] == "-" or len({memo[i] for memo in by_member}) > 1
-            ]
-            return to_run, any(memo[i] != "-" for memo in by_member for i in to_run)
+        if len({post.split("|")[0] for post in posts}) != 1:
+            self._raise_different_ops(posts, ops)
+        by_member = [post.split("|")[2].split(",") for post in posts]
+        to_run, adopted = [], {}
+        for i in range(len(ops)):
+            holders = [rank for rank, memo in enumerate(by_member) if memo[i] != "-"]
+            if not holders:
+                to_run.append(i)
+                continue
+            source = holders[0]
+            chosen = by_member[source][i]
+            if any(memo[i] != chosen for memo in by_member):
+                if self.rank == source:
+                    control.post(f"adopt{i}", decision_to_json(remembered[i]))
+                if memos[i] != chosen:
+                    with _timed("presync_s"):
+                        remembered_by_source = control.fetch(f"adopt{i}", source, "sharing a remembered decision")
+                    adopted[i] = decision_from_json(remembered_by_source)
+                    continue
+            adopted[i] = remembered[i]
+        return to_run, adopted
+
+    def _identity(self, op: OpToTune) -> str:
+        # What every member's op must share: what is measured (the memo key:
+        # the candidates' code and layouts, the group and the settings; free of
+        # the per-compile counters in Inductor's choice names), or, for ops
+        # without one, the candidates' names.
+        key = self._memo_key(op)
+        return repr(key) if key is not None else repr([c.name for c in op.candidates])
+
+    def _raise_different_ops(self, posts: list[str], ops: Sequence[OpToTune]) -> None:
         lists = [[d for d in post.split("|")[1].split(",") if d] for post in posts]
         mine = lists[self.rank]
         # The first op index at which two members differ (one may have no op there).
@@ -733,6 +788,7 @@ class CollectiveBenchmarker:
             # last reference to the channel the one dropped here.
             self._drop_channel()
             epoch += 1
+            counters["collective_autotuning"]["failure_agreements"] += 1
             with _timed("sync_s"):
                 posts = control.rendezvous(f"failure{epoch}", failure, "failure agreement", also=["committed"])
             posts = [f"{commit + 1}:0:committed" if post.startswith("committed:") else post for post in posts]
@@ -948,8 +1004,129 @@ class CollectiveBenchmarker:
         decision_log.debug("\n".join(lines))
 
 
-# Agreed decisions of this process: (group name, settings, memo key) -> decision.
-_remembered: dict[tuple[str, str, str], CollectiveDecision] = {}
+# Agreed decisions of this process: memo key (see CollectiveBenchmarker._memo_key) -> decision.
+_remembered: dict[tuple[str, ...], CollectiveDecision] = {}
+
+# Decisions a group agreed on in a cached program's replay that this rank must
+# compile anew: (group name, op key) -> decision; taken by the compile's run_batch.
+_pre_agreed: dict[tuple[str, str], CollectiveDecision] = {}
+
+# Bumped when what a stored decision means changes.
+_STORED_DECISION_FORMAT = 1
+
+
+def _decision_file(key: tuple[str, ...]) -> Path | None:
+    # Decisions are autotuning results: stored with them, under the same switch.
+    from torch._inductor import config
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    if not config.autotune_local_cache:
+        return None
+    name = hashlib.sha256(repr((key, torch.__version__, _STORED_DECISION_FORMAT)).encode()).hexdigest()[:40]
+    return Path(cache_dir()) / "collective_decisions" / f"{name}.json"
+
+
+def _stored_decision(key: tuple[str, ...]) -> CollectiveDecision | None:
+    path = _decision_file(key)
+    if path is None or not path.is_file():
+        return None
+    try:
+        return decision_from_json(path.read_text())
+    except (OSError, ValueError, KeyError, TypeError):
+        log.warning("collective autotuning: ignoring an unreadable stored decision %s", path, exc_info=True)
+        return None
+
+
+def _store_decision(key: tuple[str, ...], decision: CollectiveDecision) -> None:
+    path = _decision_file(key)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    partial.write_text(decision_to_json(decision))
+    os.replace(partial, path)  # ranks of one node write the same file: whole files only
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedSession:
+    """A session that a compile took part in, kept with the compiled program.
+
+    A program taken from a cache is only used after its ranks have taken part
+    again in the agreements that compiling it took part in
+    (:func:`replay_sessions`), so that a rank that compiles meets every rank
+    that does not.
+    """
+
+    group_name: str
+    device_type: str
+    # Per op: its key, its candidates (name, is the default), its memo key.
+    ops: tuple[tuple[str, tuple[tuple[str, bool], ...], str | None], ...]
+    decisions: tuple[CollectiveDecision, ...]
+
+
+_recording: contextvars.ContextVar[list[RecordedSession] | None] = contextvars.ContextVar(
+    "collective_sessions_recording", default=None
+)
+
+
+@contextmanager
+def recorded_sessions() -> Iterator[list[RecordedSession]]:
+    """Collect the sessions that this thread takes part in for the duration (one compile)."""
+    sessions: list[RecordedSession] = []
+    token = _recording.set(sessions)
+    try:
+        yield sessions
+    finally:
+        _recording.reset(token)
+
+
+def _record(benchmarker: CollectiveBenchmarker, ops: Sequence[OpToTune], decisions: Sequence[CollectiveDecision]):
+    sessions = _recording.get()
+    if sessions is not None:
+        described = tuple(
+            (op.key, tuple((c.name, c.is_default) for c in op.candidates), op.memo_key) for op in ops
+        )
+        sessions.append(
+            RecordedSession(benchmarker.group_name, benchmarker.device.type, described, tuple(decisions))
+        )
+
+
+def _never_run() -> Any:
+    raise AssertionError("a replayed session does not run candidates")
+
+
+def replay_sessions(sessions: Sequence[RecordedSession]) -> bool:
+    """Take part, with a cached program's decisions, in the agreements its compile took part in.
+
+    Every rank of each recorded session's group must reach the same session:
+    the ranks that compile the program again reach it while compiling, the
+    ranks that take it from a cache reach it here.  Returns True when every
+    group agreed on the program's decisions (the cached program can run);
+    False when a group agreed on other decisions (remembered by a lower rank):
+    this rank must then compile the program again, and that compile adopts
+    the agreed decisions without meeting its group again.  Raises
+    :class:`CollectiveBenchmarkError` as a session does.
+    """
+    config = CollectiveBenchmarkConfig.from_inductor_config()
+    agreed: list[tuple[str, list[OpToTune], list[CollectiveDecision]]] = []
+    consistent = True
+    for session in sessions:
+        ops = [
+            OpToTune(key, [Candidate(name, _never_run, is_default) for name, is_default in candidates], memo_key)
+            for key, candidates, memo_key in session.ops
+        ]
+        benchmarker = CollectiveBenchmarker(session.group_name, config, torch.device(session.device_type))
+        decisions = benchmarker.run_batch(ops, known=session.decisions)
+        consistent = consistent and all(
+            _decision_digest(mine) == _decision_digest(group) for mine, group in zip(session.decisions, decisions)
+        )
+        agreed.append((session.group_name, ops, decisions))
+    if not consistent:
+        for group_name, ops, decisions in agreed:
+            for op, decision in zip(ops, decisions):
+                _pre_agreed[(group_name, op.key)] = decision
+    counters["collective_autotuning"]["replayed_sessions"] += len(sessions)
+    return consistent
 
 
 def _decision_digest(decision: CollectiveDecision) -> str:
@@ -962,15 +1139,15 @@ def _decision_digest(decision: CollectiveDecision) -> str:
 
 
 def _adopt(remembered: CollectiveDecision, op: OpToTune) -> CollectiveDecision:
-    # The remembered results, in round order (the default first), under this
-    # op's candidate names: the same candidates, named by another compile.
+    # The remembered results, in preference order (the default first), under
+    # this op's candidate names: the same candidates, named by another compile.
     names = [candidate.name for candidate in sorted(op.candidates, key=lambda candidate: not candidate.is_default)]
     renamed = {result.name: name for result, name in zip(remembered.results, names)}
     return CollectiveDecision(
         remembered.group_name,
         tuple(dataclasses.replace(result, name=renamed[result.name]) for result in remembered.results),
         None if remembered.winner is None else renamed[remembered.winner],
-        f"{remembered.reason}; remembered alike by every rank",
+        f"{remembered.reason}; remembered from an earlier session, adopted by every rank",
     )
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -58,6 +59,9 @@ log = logging.getLogger(__name__)
 
 # Keys of every session live under this prefix of the default store.
 STORE_PREFIX = "collective_benchmarking"
+
+# Where a rank that gives up on the whole job says why (see _Heartbeat._announce_verdict).
+_JOB_VERDICT = f"{STORE_PREFIX}/job_verdict"
 
 # How often a rank's heartbeat advances.  Small against any sensible timeout
 # (seconds), large against a store round trip (tens of microseconds).
@@ -110,6 +114,31 @@ class _Observation:
     # When the counter was last seen to advance; None after a single reading,
     # which cannot tell how long the counter had been standing still.
     advanced_at: float | None = None
+    # Whether the peer is compiling, and since when (as observed) it is not.
+    compiling: bool = True
+    running_since: float | None = None
+
+
+def _activity_key(global_rank: int) -> str:
+    return f"{STORE_PREFIX}/activity/{global_rank}"
+
+
+def _frame_key(global_rank: int, frame: str) -> str:
+    return f"{STORE_PREFIX}/frames/{global_rank}/{frame}"
+
+
+def _main_thread_compiling() -> bool:
+    # Whether the main thread is inside Dynamo's frame compilation (tracing
+    # and Inductor both run there).  Read from the thread's stack, not from
+    # Dynamo's callbacks, which torch._dynamo.reset() clears.
+    from torch._dynamo.convert_frame import _compile
+
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code is _compile.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _Heartbeat:
@@ -122,6 +151,7 @@ class _Heartbeat:
         self._stop = threading.Event()
         self._watched: dict[int, int] = {}  # global rank -> sessions watching it
         self._seen: dict[int, _Observation] = {}
+        self._verdict_announced = False
 
     def ensure_running(self) -> None:
         """Start beating on the current default store (again after it changed)."""
@@ -171,24 +201,54 @@ class _Heartbeat:
             return None
         return time.monotonic() - seen.advanced_at
 
+    def running_for(self, global_rank: int) -> float:
+        """Seconds for which ``global_rank`` has been seen not compiling (0 while it compiles)."""
+        with self._lock:
+            seen = self._seen.get(global_rank)
+        if seen is None or seen.running_since is None:
+            return 0.0
+        return time.monotonic() - seen.running_since
+
     def _run(self, store: dist.Store, rank: int, stop: threading.Event) -> None:
         own = _heartbeat_key(rank)
+        published = None
         while not stop.is_set():
             try:
                 store.add(own, 1)
+                compiling = _main_thread_compiling()
+                if compiling != published:
+                    store.set(_activity_key(rank), "compiling" if compiling else "running")
+                    published = compiling
                 with self._lock:
                     watched = list(self._watched)
                 for peer in watched:
                     value = store.add(_heartbeat_key(peer), 0)
+                    activity = store.get(_activity_key(peer)) if store.check([_activity_key(peer)]) else b""
                     now = time.monotonic()
                     with self._lock:
                         seen = self._seen.setdefault(peer, _Observation(value))
                         if seen.value != value:
                             seen.value, seen.advanced_at = value, now
+                        seen.compiling = activity != b"running"
+                        if seen.compiling:
+                            seen.running_since = None
+                        elif seen.running_since is None:
+                            seen.running_since = now
+                self._announce_verdict(store)
             except Exception:  # the store went away: the process group was destroyed
                 log.debug("collective benchmarking heartbeat stopped", exc_info=True)
                 return
             stop.wait(HEARTBEAT_INTERVAL_S)
+
+    def _announce_verdict(self, store: dist.Store) -> None:
+        # A rank that gave up on the job (its peers are not compiling what it
+        # compiles) leaves the reason where every rank's heartbeat sees it: a
+        # rank blocked in a collective of its compiled code cannot raise, but
+        # its log says why the collective will fail.
+        if self._verdict_announced or not store.check([_JOB_VERDICT]):
+            return
+        self._verdict_announced = True
+        log.error("collective autotuning: a peer gave up on this job: %s", store.get(_JOB_VERDICT).decode())
 
 
 _heartbeat = _Heartbeat()
@@ -217,11 +277,20 @@ class ControlStore:
         self.group_name = group.group_name
         self.timeout = timeout.total_seconds()
         self.max_wait = max(max_wait.total_seconds(), self.timeout)
+        self.frame: tuple[int, int] | None = None  # (frame id, compile index) of the session's compile
 
     @contextmanager
     def session(self) -> Iterator[None]:
         """Heartbeats on, and the members watched, for the duration."""
         ensure_heartbeat()
+        # Which compile of which frame this session belongs to, where waiting
+        # peers can read it (see _not_compiling_this).
+        compile_id = torch._guards.CompileContext.current_compile_id()
+        self.frame = None
+        if compile_id is not None and compile_id.frame_id is not None:
+            self.frame = (compile_id.frame_id, compile_id.frame_compile_id or 0)
+            root = dist.distributed_c10d._get_default_store()
+            root.set(_frame_key(dist.get_rank(), str(self.frame[0])), str(self.frame[1]))
         with _heartbeat.watching(self.global_ranks):
             yield
 
@@ -239,8 +308,16 @@ class ControlStore:
         peer's verdict (it gave up first) raises the same error at once.
         """
         self.post(tag, value)
+        posts = self._wait_for(tag, list(range(self.size)), what, also)
+        return [posts[rank] for rank in range(self.size)]
+
+    def fetch(self, tag: str, rank: int, what: str) -> str:
+        """The value that member ``rank`` posts under ``tag``, waited for as :meth:`rendezvous` waits."""
+        return self._wait_for(tag, [rank], what, ())[rank]
+
+    def _wait_for(self, tag: str, ranks: list[int], what: str, also: Sequence[str]) -> dict[int, str]:
         started = time.monotonic()
-        pending = list(range(self.size))
+        pending = list(ranks)
         posts: dict[int, str] = {}
         delay = 0.001
         while True:
@@ -253,8 +330,18 @@ class ControlStore:
             if verdict is not None:
                 raise CollectiveBenchmarkError(f"{verdict} (the verdict of a peer that gave up waiting)")
             if not pending:
-                return [posts[rank] for rank in range(self.size)]
+                return posts
             waited = time.monotonic() - started
+            alone = [rank for rank in pending if self._not_compiling_this(rank)]
+            if alone:
+                reason = (
+                    f"{what}: they run compiled code instead of compiling, and compiled this frame fewer times "
+                    f"than this rank (compile {self.frame[1]} of frame {self.frame[0]}): this rank recompiled alone "
+                    "(a guard failed on it only), and its peers wait for it in a collective of the code they run. "
+                    "Call torch.compiler.set_enable_guard_collectives(True) on every rank so that all ranks "
+                    "recompile together, or make the guard the same on every rank"
+                )
+                self._give_up(tag, alone, reason, job=True)
             lost = [rank for rank in pending if self._is_lost(rank, waited)]
             if lost:
                 self._give_up(tag, lost, f"{what}: {self._silence(lost, waited)}; dead, or wedged in a call that "
@@ -291,12 +378,26 @@ class ControlStore:
             f"(collective_benchmark_timeout is {self.timeout:g}s)"
         )
 
-    def _give_up(self, tag: str, ranks: list[int], reason: str) -> None:
+    def _not_compiling_this(self, rank: int) -> bool:
+        # A member that is alive but has been running compiled code for longer
+        # than the timeout, and has compiled this session's frame fewer times,
+        # is not on its way here: it will not compile this frame again.
+        if self.frame is None or _heartbeat.running_for(self.global_ranks[rank]) <= self.timeout:
+            return False
+        root = dist.distributed_c10d._get_default_store()
+        key = _frame_key(self.global_ranks[rank], str(self.frame[0]))
+        theirs = int(root.get(key)) if root.check([key]) else -1
+        return theirs < self.frame[1]
+
+    def _give_up(self, tag: str, ranks: list[int], reason: str, job: bool = False) -> None:
         # The verdict carries the whole message, so that every member that
         # finds it (the lost one too, if it comes back) raises the same error.
+        # A verdict on the job reaches the ranks that run compiled code too.
         missing = [self.global_ranks[rank] for rank in ranks]
         message = f"collective autotuning: ranks {missing} of group {self.group_name!r} did not reach {reason}"
         self.store.set(f"{tag}/abandoned", message)
+        if job:
+            dist.distributed_c10d._get_default_store().set(_JOB_VERDICT, message)
         raise CollectiveBenchmarkError(message)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 import random
 import statistics
@@ -27,6 +28,8 @@ __all__ = [
     "SCREENING_TOLERANCES",
     "beats_default",
     "decide",
+    "decision_from_json",
+    "decision_to_json",
     "earliest_failure",
     "first_tensor",
     "interleaved_order",
@@ -120,6 +123,40 @@ class CollectiveDecision:
 
     def time_ms(self, name: str) -> float:
         return next(result.time_ms for result in self.results if result.name == name)
+
+
+def decision_to_json(decision: CollectiveDecision) -> str:
+    """``decision`` as JSON, which :func:`decision_from_json` reads back equal."""
+    return json.dumps(
+        {
+            "group": decision.group_name,
+            "winner": decision.winner,
+            "reason": decision.reason,
+            "results": [
+                {
+                    "name": result.name,
+                    "attempts": result.attempts,
+                    "stage": result.stage,
+                    "reports": [[int(report.status), list(report.samples)] for report in result.reports],
+                }
+                for result in decision.results
+            ],
+        }
+    )
+
+
+def decision_from_json(text: str) -> CollectiveDecision:
+    raw = json.loads(text)
+    results = tuple(
+        CandidateResult(
+            result["name"],
+            tuple(RankReport(CandidateStatus(status), tuple(samples)) for status, samples in result["reports"]),
+            result["attempts"],
+            result["stage"],
+        )
+        for result in raw["results"]
+    )
+    return CollectiveDecision(raw["group"], results, raw["winner"], raw["reason"])
 
 
 # --- choosing -------------------------------------------------------------------

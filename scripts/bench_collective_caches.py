@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Compile time with Inductor's caches cold, warm and skewed, and what agreeing on them costs.
+
+Each rank has a cache directory of its own (as on separate nodes) that
+survives from one launch to the next.  Three launches in a row, each of
+fresh rank processes with Inductor's caches at their defaults:
+
+* cold: every cache directory empty;
+* warm: every cache directory as the cold launch left it;
+* skewed: rank 1's directory emptied, the others warm.
+
+Each launch compiles and runs two programs, side by side:
+
+* **with collective choices**: an all_reduce custom op with the library's
+  implementations registered (``register_collective_implementations``),
+  followed by a pointwise op;
+* **without**: the same computation with the all_reduce written as a plain
+  functional collective, nothing autotuned.
+
+Per launch and program: the slowest rank's first call (compile, tune or
+agree, run), the joins each rank took part in, the sessions replayed from a
+cache, the ops benchmarked, and the longest a rank waited in a join.  The
+program without collective choices must show no join and no replay at all:
+graphs without collective choices pay nothing.
+
+Usage:
+  python scripts/bench_collective_caches.py [--nproc 2] [--numel 65536]
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_collective_decisions import rank_env  # noqa: E402
+
+COUNTERS = ("presync", "replayed_sessions", "ops", "recalled", "presync_s")
+
+
+# --- worker (one process per rank) --------------------------------------------------
+def worker(numel: int, cache_root: Path, out_dir: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch._dynamo.utils import counters
+    from torch._inductor.kernel.collective_implementations import register_collective_implementations
+
+    from demo_collective_autotuning import all_reduce_op
+
+    rank = int(os.environ["RANK"])
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root / f"rank{rank}")
+    dist.init_process_group("gloo")
+    group_name = dist.group.WORLD.group_name
+    register_collective_implementations(all_reduce_op, "all_reduce")
+    funcol = torch.ops._c10d_functional
+    x = torch.ones(numel) * (rank + 1)
+
+    def with_choices(x):
+        return torch.relu(all_reduce_op(x, group_name) * 0.5 + 1)
+
+    def without(x):
+        return torch.relu(funcol.wait_tensor(funcol.all_reduce(x, "sum", group_name)) * 0.5 + 1)
+
+    report = {}
+    for name, program in (("with collective choices", with_choices), ("without", without)):
+        counters.clear()
+        compiled = torch.compile(program)
+        dist.barrier()
+        start = time.perf_counter()
+        compiled(x)
+        report[name] = {"first_call_s": time.perf_counter() - start}
+        report[name].update({key: counters["collective_autotuning"][key] for key in COUNTERS})
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+# --- driver ----------------------------------------------------------------------
+def launch(nproc: int, numel: int, cache_root: Path) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="bench-caches-") as out_dir:
+        command = [sys.executable, __file__, "--worker", "--numel", str(numel), "--cache-root", str(cache_root),
+                   "--out", out_dir]  # fmt: skip
+        env = rank_env(nproc)
+        ranks = [
+            subprocess.Popen(command, env={**env, "RANK": str(r)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for r in range(nproc)
+        ]
+        errors = [process.communicate(timeout=1200)[1] for process in ranks]
+        reports = [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob("rank*.json"))]
+        if len(reports) != nproc:
+            tail = next((e for e in errors if e), b"").decode(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"{nproc - len(reports)} ranks failed: " + " | ".join(tail))
+        return reports
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--numel", type=int, default=1 << 16)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--cache-root", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.numel, Path(args.cache_root), Path(args.out))
+        return
+    import torch
+
+    print(
+        f"torch {torch.__version__}, gloo, {args.nproc} ranks, {os.cpu_count()} CPUs, caches at their defaults, "
+        f"one cache directory per rank; {args.numel} float32 elements\n"
+    )
+    print(
+        "| launch | program | first call, slowest rank (s) | joins per rank | sessions replayed per rank "
+        "| ops benchmarked per rank | longest join wait (s) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    with tempfile.TemporaryDirectory(prefix="bench-caches-root-") as root:
+        cache_root = Path(root)
+        for launch_name in ("cold", "warm", "skewed"):
+            if launch_name == "skewed":
+                shutil.rmtree(cache_root / "rank1", ignore_errors=True)
+            reports = launch(args.nproc, args.numel, cache_root)
+            for program in ("with collective choices", "without"):
+                rows = [report[program] for report in reports]
+
+                def per_rank(key: str) -> str:
+                    return "/".join(f"{row[key]:g}" for row in rows)
+
+                print(
+                    f"| {launch_name} | {program} | {max(row['first_call_s'] for row in rows):.2f} "
+                    f"| {per_rank('presync')} | {per_rank('replayed_sessions')} | {per_rank('ops')} "
+                    f"| {max(row['presync_s'] for row in rows):.2f} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

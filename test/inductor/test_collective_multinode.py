@@ -1,0 +1,107 @@
+"""Two nodes on loopback under torchrun, one Inductor cache directory per node.
+
+What this checks: two torchrun launches (``--nnodes 2``, 2 ranks each, c10d
+rendezvous) run ``collective_multinode_worker.py``, which compiles an
+autotuned all_reduce with Inductor's caches at their defaults, three times:
+
+* cold start: both caches empty; the four ranks benchmark together;
+* warm restart: both caches warm; every rank takes the program from its
+  cache and replays its session: nothing is compiled or benchmarked;
+* skewed restart: one node's cache emptied; its ranks compile and adopt the
+  decision the other node's ranks replay: nothing is benchmarked.
+
+Every time, every rank runs the same implementation and the result is
+exact; no rank takes part in a failure agreement (nobody waited for a
+timeout), and a rank waits at a join no longer than the slowest rank's
+first call (the only thing it waits for is another rank's compilation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+WORKER = Path(__file__).resolve().parent / "collective_multinode_worker.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TwoNodeCachesTest(TestCase):
+    def _launch(self, caches: dict[str, Path], out: Path) -> list[dict]:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir()
+        port = _free_port()
+        nodes = [
+            subprocess.Popen(
+                [
+                    str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "collective-multinode",
+                    str(WORKER), "--out", str(out),
+                ],  # fmt: skip
+                env={**os.environ, "NODE_TAG": node, "TORCHINDUCTOR_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"},
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for node, cache in caches.items()
+        ]
+        logs = [node.communicate(timeout=600)[0] for node in nodes]
+        reports = [json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))]
+        self.assertEqual(len(reports), 4, "\n".join(log[-3000:] for log in logs))
+        for report in reports:
+            self.assertNotIn("error", report, report)
+        return reports
+
+    def _check_agreement(self, reports: list[dict]) -> str:
+        self.assertEqual(len({tuple(report["ran"]) for report in reports}), 1, reports)
+        self.assertTrue(all(report["exact"] for report in reports), reports)
+        slowest = max(report["first_call_s"] for report in reports)
+        for report in reports:
+            self.assertEqual(report["counters"].get("failure_agreements", 0), 0, report)  # nobody timed out
+            self.assertLessEqual(report["counters"].get("presync_s", 0.0), slowest, report)
+        return reports[0]["ran"][0]
+
+    def test_cold_warm_and_skewed_restarts(self):
+        with tempfile.TemporaryDirectory(prefix="collective-multinode-") as tmp:
+            caches = {"A": Path(tmp, "cache-A"), "B": Path(tmp, "cache-B")}
+            for cache in caches.values():
+                cache.mkdir()
+            cold = self._launch(caches, Path(tmp, "cold"))
+            winner = self._check_agreement(cold)
+            self.assertEqual(winner, "rs_ag")
+            self.assertTrue(all(report["counters"].get("ops", 0) == 1 for report in cold), cold)
+
+            warm = self._launch(caches, Path(tmp, "warm"))
+            self.assertEqual(self._check_agreement(warm), winner)
+            for report in warm:
+                self.assertEqual((report["counters"].get("replayed_sessions"), report["counters"].get("ops", 0)),
+                                 (1, 0), report)
+
+            shutil.rmtree(caches["B"])
+            caches["B"].mkdir()
+            skewed = self._launch(caches, Path(tmp, "skewed"))
+            self.assertEqual(self._check_agreement(skewed), winner)
+            for report in skewed:
+                counted = report["counters"]
+                self.assertEqual(counted.get("ops", 0), 0, report)  # adopted, never benchmarked
+                if report["node"] == "A":
+                    self.assertEqual(counted.get("replayed_sessions"), 1, report)
+                else:
+                    self.assertEqual(counted.get("recalled"), 1, report)
+
+
+if __name__ == "__main__":
+    run_tests()

@@ -1,0 +1,195 @@
+"""What a custom op's autotuning registration is, as a digest that survives the process.
+
+``register_custom_op_autotuning`` makes an op's implementations part of every
+program that contains the op: the winner is inlined.  Caches that keep
+compiled programs (the FX graph cache, the AOTAutograd cache, which reuses
+the former's key) or decisions (collective autotuning's) must therefore miss
+when the registered implementations change, and hit when the same
+registration is made again in a new process.  Object identity does neither;
+this module describes a registration by what it would run:
+
+* each implementation's qualified name and code: its bytecode, constants and
+  names, recursively into nested functions and into the functions of its own
+  module that it calls; its default arguments; the values its closure
+  captured; for a ``functools.partial``, the function and the bound
+  arguments;
+* each config's parameters and ``config_patches``, in order;
+* the op's own implementation (the default candidate) when the op is a
+  ``torch.library.custom_op``, and the other registration arguments.
+
+Values are described by their content where it is stable across processes
+(numbers, strings, containers, dtypes, small tensors) and by their type
+otherwise, never by ``repr`` (which may print an address).  A change that the
+digest cannot see (a global value an implementation reads, a function of
+another module it calls) is not a change of the registration: such state
+belongs in the op's arguments or in ``config_patches``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+
+__all__ = [
+    "callable_fingerprint",
+    "record_registration",
+    "registered_autotuning_fingerprint",
+    "registration_fingerprint",
+]
+
+# The registration of each op, as its digest: what register_custom_op_autotuning recorded last.
+_registrations: dict[torch._ops.OpOverload, str] = {}
+
+# Tensors captured by an implementation are described by their content up to
+# this many elements, by their metadata beyond.
+_TENSOR_CONTENT_LIMIT = 4096
+
+
+def _digest(parts: Any) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def _value(value: Any, seen: set[int]) -> Any:
+    """A description of ``value`` that is equal in every process where the value is."""
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return value
+    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_value(item, seen) for item in value))
+    if isinstance(value, (set, frozenset)):
+        return ("set", tuple(sorted(repr(_value(item, seen)) for item in value)))
+    if isinstance(value, dict):
+        return ("dict", tuple(sorted((repr(_value(k, seen)), _value(v, seen)) for k, v in value.items())))
+    if isinstance(value, torch.Tensor):
+        metadata = (str(value.dtype), tuple(value.shape), str(value.device))
+        if value.device.type == "cpu" and value.numel() <= _TENSOR_CONTENT_LIMIT and not value.is_sparse:
+            return ("tensor", metadata, hashlib.sha256(value.detach().contiguous().numpy().tobytes()).hexdigest())
+        return ("tensor", metadata)
+    if isinstance(value, types.ModuleType):
+        return ("module", value.__name__)
+    if isinstance(value, type):
+        return ("type", f"{value.__module__}.{value.__qualname__}")
+    if callable(value):
+        return _callable(value, seen)
+    return ("object", f"{type(value).__module__}.{type(value).__qualname__}")
+
+
+def _code(code: types.CodeType) -> Any:
+    consts = tuple(_code(c) if isinstance(c, types.CodeType) else _value(c, set()) for c in code.co_consts)
+    return (code.co_name, code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars)
+
+
+def _same_module_functions(fn: types.FunctionType) -> Iterator[types.FunctionType]:
+    # Functions of fn's own module that fn's code names: the helpers an
+    # implementation is written with.
+    def names(code: types.CodeType) -> Iterator[str]:
+        yield from code.co_names
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from names(const)
+
+    for name in sorted(set(names(fn.__code__))):
+        target = fn.__globals__.get(name)
+        if isinstance(target, types.FunctionType) and target.__module__ == fn.__module__:
+            yield target
+
+
+def _callable(fn: Any, seen: set[int]) -> Any:
+    if id(fn) in seen:
+        return ("recursive", getattr(fn, "__qualname__", type(fn).__qualname__))
+    seen = seen | {id(fn)}
+    if isinstance(fn, functools.partial):
+        keywords = tuple(sorted((k, _value(v, seen)) for k, v in fn.keywords.items()))
+        return ("partial", _callable(fn.func, seen), tuple(_value(a, seen) for a in fn.args), keywords)
+    if isinstance(fn, types.MethodType):
+        return ("method", _callable(fn.__func__, seen), _value(fn.__self__, seen))
+    if isinstance(fn, torch._ops.OpOverload):
+        return ("op", fn.name())
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        return ("op", fn._qualified_op_name)
+    if isinstance(fn, types.FunctionType):
+        closure = tuple(_value(cell.cell_contents, seen) for cell in fn.__closure__ or ())
+        helpers = tuple(
+            (helper.__qualname__, _callable(helper, seen)) for helper in _same_module_functions(fn) if helper is not fn
+        )
+        return (
+            "function",
+            f"{fn.__module__}.{fn.__qualname__}",
+            _code(fn.__code__),
+            _value(fn.__defaults__, seen),
+            _value(fn.__kwdefaults__, seen),
+            closure,
+            helpers,
+        )
+    if inspect.isbuiltin(fn) or inspect.isroutine(fn):
+        return ("builtin", getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(type(fn))))
+    # A callable object: its class's __call__ and its attributes.
+    call = type(fn).__call__
+    return ("object", _value(type(fn), seen), _callable(call, seen), _value(getattr(fn, "__dict__", {}), seen))
+
+
+def callable_fingerprint(fn: Callable[..., Any]) -> str:
+    """A digest of what ``fn`` runs (see the module docstring); equal across processes."""
+    return _digest(_callable(fn, set()))
+
+
+def registration_fingerprint(
+    op_overload: torch._ops.OpOverload,
+    *,
+    configs: Any,
+    config_generator: Callable[..., Any] | None,
+    default_impl: Callable[..., Any] | None,
+    **options: Any,
+) -> str:
+    """A digest of one ``register_custom_op_autotuning`` call (its arguments as named there)."""
+    seen: set[int] = set()
+    described_configs = None
+    if configs is not None:
+        described_configs = tuple(
+            (
+                None if config.decomposition is None else _callable(config.decomposition, seen),
+                _value(config.params, seen),
+                _value(config.config_patches, seen),
+            )
+            for config in configs
+        )
+    return _digest(
+        (
+            op_overload.name(),
+            described_configs,
+            None if config_generator is None else _callable(config_generator, seen),
+            None if default_impl is None else _callable(default_impl, seen),
+            tuple(sorted((name, _value(value, seen)) for name, value in options.items())),
+        )
+    )
+
+
+def record_registration(op_overload: torch._ops.OpOverload, fingerprint: str) -> None:
+    """Remember the registration of ``op_overload`` (the last one counts, as for the lowering)."""
+    _registrations[op_overload] = fingerprint
+
+
+def registered_autotuning_fingerprint(gm: torch.fx.GraphModule | None) -> tuple[tuple[str, str], ...]:
+    """``(op, registration digest)`` of every op of ``gm`` (and its subgraphs) registered for autotuning.
+
+    Empty when the graph calls no such op: a cache key that includes it
+    changes only for the programs that the registrations reach.
+    """
+    if gm is None or not _registrations:
+        return ()
+    found: dict[str, str] = {}
+    for module in gm.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op == "call_function" and node.target in _registrations:
+                found[node.target.name()] = _registrations[node.target]
+    return tuple(sorted(found.items()))
