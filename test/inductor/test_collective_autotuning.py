@@ -33,9 +33,11 @@ skipped otherwise.
 from __future__ import annotations
 
 import collections
+import atexit
 import ctypes
 import datetime
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -68,6 +70,12 @@ COLS = 8
 FAULT_TIMEOUT_S = 5.0
 # Wall-time bound of one faulty compile: only a hang comes near it.
 HANG_BOUND_S = 240.0
+# The parts of an Inductor cache directory that can hold a collective
+# decision: compiled programs (FX graph and AOTAutograd caches, which replay
+# the decisions they were compiled with) and the decisions themselves.
+DECISION_CACHES = ("fxgraph", "aotautograd", "collective_decisions")
+# Where the rank processes of a test run keep their cache directories.
+CACHE_ROOT_ENV = "COLLECTIVE_TESTS_CACHE_ROOT"
 
 
 class Fault:
@@ -336,16 +344,24 @@ class SpawnedRanksTestCase(MultiProcessTestCase):
         super().setUp()
         if self._testMethodName in self.KILLS_A_RANK:
             self.skip_return_code_checks.append(getattr(type(self), self._testMethodName).__get__(self))
+        if CACHE_ROOT_ENV not in os.environ:  # the rank processes inherit it
+            os.environ[CACHE_ROOT_ENV] = tempfile.mkdtemp(prefix="collective-tests-inductor-")
+            atexit.register(shutil.rmtree, os.environ[CACHE_ROOT_ENV], ignore_errors=True)
         self._spawn_processes()
 
     def _init_process_group(self) -> None:
         store = dist.FileStore(self.file_name, self.world_size)
         dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size)
-        # Caches on, but empty: every test starts cold on every rank, in a
-        # cache directory of its own (as on separate nodes), because what the
-        # tests assert is what a compile benchmarks, which a warm cache skips.
-        # Warm, cold and skewed caches are test_collective_caches.py's subject.
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"inductor-rank{self.rank}-")
+        # Caches on, as users run them, in a cache directory per rank (as on
+        # separate nodes) that the run's tests share: compiled kernels are
+        # reused.  What holds collective decisions starts empty in every test,
+        # because what the tests assert is what a compile benchmarks, which a
+        # decision taken from a cache skips.  Warm, cold and skewed caches are
+        # test_collective_caches.py's subject.
+        cache_dir = os.path.join(os.environ[CACHE_ROOT_ENV], f"rank{self.rank}")
+        for part in DECISION_CACHES:
+            shutil.rmtree(os.path.join(cache_dir, part), ignore_errors=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
         torch._dynamo.reset()
 
 
@@ -602,8 +618,6 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         dist.destroy_process_group()
 
     def test_decision_remembered_by_one_rank_only_is_adopted_by_all(self):
-        import shutil
-
         from torch._inductor.runtime import collective_benchmarking as cb
 
         benchmarker = self._benchmarker()

@@ -47,6 +47,7 @@ from torch.testing._internal.common_utils import run_tests
 
 from test_collective_autotuning import (
     COLS,
+    DECISION_CACHES,
     DELAY_MS,
     HANG_BOUND_S,
     NRUNS,
@@ -123,7 +124,7 @@ class CollectiveCachesTest(SpawnedRanksTestCase):
         """A restart after which rank ``on_rank`` has no compiled program and remembers ``decisions``."""
         restart()
         if self.rank == on_rank:
-            for part in ("fxgraph", "aotautograd", "collective_decisions"):
+            for part in DECISION_CACHES:
                 shutil.rmtree(self.cache_dir / part, ignore_errors=True)
             shutil.copytree(decisions, self.cache_dir / "collective_decisions")
 

@@ -45,11 +45,9 @@ together (V2, :meth:`~CollectiveBenchmarker.run_batch`; see
    advances (see *Liveness*).  A different key is an error on every rank that
    joined; the key lists a compact digest per op, so the error names the
    first op at which the ranks differ.  Each member also posts the decision
-   it remembers per op from earlier sessions of the process
-   (:class:`OpToTune`'s ``memo_key``): an op that every member remembers
-   alike is adopted, neither compiled nor benchmarked; the others are
-   benchmarked by all (a member that skipped compiling one of them compiles
-   it after the join, and the members meet once more before the runs).
+   it remembers per op (see *Remembered decisions and caches*): an op that
+   any member remembers is adopted by all, neither compiled nor benchmarked;
+   the ops that nobody remembers are benchmarked by all.
 2. **Warmups and interleaved timed runs.**  Op by op, each candidate warms
    up in turn (the op's default first, then in registration order; the first
    output of each is screened against the default's on the same inputs),
@@ -115,6 +113,50 @@ cost of the next one (a cache or buffer it leaves behind); the shuffled
 order spreads whatever effect remains over every candidate.  The sign test
 uses only which of two paired runs was faster, so a few outliers (a page
 fault, a preempted rank) cannot decide it.
+
+Remembered decisions and caches
+-------------------------------
+A decision is remembered under its op's ``memo_key`` (what is measured: the
+candidates' code and input layouts), the group's name, size and backend, and
+the settings that change a decision: in the process, and on disk in
+Inductor's cache directory (``collective_decisions/``, under
+``autotune_local_cache``), so that a restarted job does not tune again.  Each
+rank has a cache of its own (one per node, or per rank), so ranks can
+remember different things: one node's cache emptied, a decision made when
+only some ranks' files survived.  Two designs keep the group together:
+
+* *re-tune when anyone forgets*: simple, but every rank pays a full session
+  for one replaced node, and the new decision may differ from the one the
+  warm ranks' cached programs were compiled with, which then have to be
+  thrown away too;
+* *adopt an agreed decision*: what this module does.  At the join, an op
+  that any member remembers takes the decision of the lowest-ranked member
+  that remembers one, posted in the control store; the others fetch it.
+  Every remembered decision was agreed by a whole group when it was made,
+  so adopting it is as rank-consistent as re-deciding, costs one store
+  round trip instead of a compile and a benchmark, and leaves the warm
+  ranks' programs valid.  It is verified first: every member's digest of
+  the op (its key, its candidates and their roles, the group and the
+  settings) must be the same, so a decision is only adopted for the same
+  measurement.  The memo key itself is compared by no one: it may hold
+  rank-dependent constants of a candidate's traced code, so each rank
+  remembers under its own.
+
+A program that Inductor's FX graph or AOTAutograd cache returns carries the
+sessions its compile took part in (:class:`RecordedSession`, recorded by
+:func:`recorded_sessions`).  Before it runs, its rank takes part in the same
+sessions again (:func:`replay_sessions`) with the program's decisions, so
+that a rank that misses the cache and compiles meets, in the same join,
+every rank that hit it.  When the group agrees on the program's decisions it
+runs; when it agrees on others (a lower rank remembered another decision),
+the rank compiles the graph again and that compile adopts the agreed
+decisions without meeting the group a second time.  Graphs whose compile
+tuned no collective choice record no session and replay nothing: they pay
+no exchange.  A rank that recompiles a frame alone (its guards failed, its
+peers' did not) would wait at a join nobody else reaches; the heartbeat
+thread tells its peers which frame each rank is compiling, and both sides
+raise an error naming the ranks within the timeout (see
+``collective_control.py``).
 
 Liveness
 --------
@@ -189,6 +231,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -350,11 +393,11 @@ class OpToTune:
 
     ``memo_key`` says what makes two ops' measurements interchangeable (what
     the candidates compute, on which input layouts, and what each is timed
-    with).  Sessions in one process remember their agreed decisions by it;
-    a later op with the same ``memo_key`` adopts the remembered decision
-    without benchmarking when every member of the group remembers the same
-    decision for it, and is benchmarked by the whole group otherwise.
-    ``None``: never remembered.
+    with); it may differ between ranks (a rank-dependent constant in a
+    candidate's code).  Agreed decisions are remembered by it, in the
+    process and in Inductor's cache directory; an op that any member of the
+    group remembers is adopted by every member without benchmarking (see
+    :meth:`CollectiveBenchmarker.run_batch`).  ``None``: never remembered.
     """
 
     key: str
@@ -523,6 +566,12 @@ def _timed(counter: str) -> Iterator[None]:
         counters["collective_autotuning"][counter] += time.perf_counter() - started
 
 
+# Inductor numbers the subgraph choices it creates over the whole process
+# (SubgraphTemplate.index_counter): "..._direct_7".  The number depends on what
+# the process compiled before, so it differs between ranks.
+_COMPILE_COUNTER = re.compile(r"_\d+$")
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -642,17 +691,20 @@ class CollectiveBenchmarker:
         return decisions
 
     # Remembered decisions -----------------------------------------------------
-    def _memo_key(self, op: OpToTune) -> tuple[str, ...] | None:
-        if op.memo_key is None:
-            return None
+    def _group_and_settings(self) -> tuple[str, str]:
         # What a decision depends on besides the candidates: the group (its
         # name, size and backend) and the settings that change a decision;
         # the timeouts only change when a member is given up on.
         config = self.config
         settings = (config.nwarmup, config.nruns, config.retries, config.tie_tolerance, config.screen, config.confidence)
         group = (self.group_name, self.size, dist.get_backend(self.group), self.device.type)
+        return repr(group), repr(settings)
+
+    def _memo_key(self, op: OpToTune) -> tuple[str, ...] | None:
+        if op.memo_key is None:
+            return None
         # Names carry per-compile counters; the candidates' order and roles do not.
-        return repr(group), repr(settings), f"{op.memo_key}|{[c.is_default for c in op.candidates]}"
+        return *self._group_and_settings(), f"{op.memo_key}|{[c.is_default for c in op.candidates]}"
 
     def _recall(self, op: OpToTune) -> CollectiveDecision | None:
         key = self._memo_key(op)
@@ -723,12 +775,14 @@ class CollectiveBenchmarker:
         return to_run, adopted
 
     def _identity(self, op: OpToTune) -> str:
-        # What every member's op must share: what is measured (the memo key:
-        # the candidates' code and layouts, the group and the settings; free of
-        # the per-compile counters in Inductor's choice names), or, for ops
-        # without one, the candidates' names.
-        key = self._memo_key(op)
-        return repr(key) if key is not None else repr([c.name for c in op.candidates])
+        # What every member's op must share for one decision to serve them
+        # all: the candidates (by name, without the per-process counter that
+        # Inductor appends to a choice's name) and their roles, the group and
+        # the settings.  Not the memo key: a candidate's traced graph may hold
+        # rank-dependent constants (which slot is this rank's), so the memo
+        # key, and the decisions a rank remembers by it, are the rank's own.
+        candidates = [(_COMPILE_COUNTER.sub("", candidate.name), candidate.is_default) for candidate in op.candidates]
+        return f"{self._group_and_settings()}|{candidates}"
 
     def _raise_different_ops(self, posts: list[str], ops: Sequence[OpToTune]) -> None:
         lists = [[d for d in post.split("|")[1].split(",") if d] for post in posts]
