@@ -76,7 +76,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_collective_decisions import rank_env  # noqa: E402
+from bench_collective_decisions import launch_ranks  # noqa: E402
 
 NWARMUP, NRUNS = 3, 10
 COUNTERS = ("presync", "prepare_s", "session_s", "timed_s", "warmup_s", "presync_s", "sync_s", "sync_collectives")
@@ -280,21 +280,7 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
 
 # --- driver ----------------------------------------------------------------------
 def launch(nproc: int, *worker_args: str) -> list[dict]:
-    with tempfile.TemporaryDirectory(prefix="bench-autotuning-") as out_dir:
-        env = rank_env(nproc)
-        command = [sys.executable, __file__, "--worker", *worker_args, "--out", out_dir]
-        ranks = [
-            subprocess.Popen(
-                command, env={**env, "RANK": str(rank)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-            )
-            for rank in range(nproc)
-        ]
-        errors = [process.communicate(timeout=1200)[1] for process in ranks]
-        reports = [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob("rank*.json"))]
-        if len(reports) != nproc:
-            tail = next((e for e in errors if e), b"").decode(errors="replace").strip().splitlines()[-5:]
-            raise RuntimeError(f"{worker_args}: {nproc - len(reports)} ranks failed: " + " | ".join(tail))
-        return reports
+    return launch_ranks(__file__, nproc, list(worker_args))
 
 
 def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:

@@ -31,14 +31,13 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_collective_decisions import rank_env  # noqa: E402
+from bench_collective_decisions import launch_ranks  # noqa: E402
 
 COUNTERS = ("presync", "replayed_sessions", "ops", "recalled", "presync_s")
 
@@ -81,20 +80,7 @@ def worker(numel: int, cache_root: Path, out_dir: Path) -> None:
 
 # --- driver ----------------------------------------------------------------------
 def launch(nproc: int, numel: int, cache_root: Path) -> list[dict]:
-    with tempfile.TemporaryDirectory(prefix="bench-caches-") as out_dir:
-        command = [sys.executable, __file__, "--worker", "--numel", str(numel), "--cache-root", str(cache_root),
-                   "--out", out_dir]  # fmt: skip
-        env = rank_env(nproc)
-        ranks = [
-            subprocess.Popen(command, env={**env, "RANK": str(r)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            for r in range(nproc)
-        ]
-        errors = [process.communicate(timeout=1200)[1] for process in ranks]
-        reports = [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob("rank*.json"))]
-        if len(reports) != nproc:
-            tail = next((e for e in errors if e), b"").decode(errors="replace").strip().splitlines()[-5:]
-            raise RuntimeError(f"{nproc - len(reports)} ranks failed: " + " | ".join(tail))
-        return reports
+    return launch_ranks(__file__, nproc, ["--numel", str(numel), "--cache-root", str(cache_root)])
 
 
 def main() -> None:

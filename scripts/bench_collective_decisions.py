@@ -233,6 +233,26 @@ def rank_env(nproc: int) -> dict[str, str]:
     }
 
 
+def launch_ranks(script: str, nproc: int, args: list[str], timeout: float = 1200) -> list[dict]:
+    """Run ``script --worker ARGS --out DIR`` as ``nproc`` ranks; each rank's ``rank{r}.json`` report, in rank order.
+
+    Raises RuntimeError, with the end of a failing rank's stderr, unless every rank reported.
+    """
+    with tempfile.TemporaryDirectory(prefix="bench-ranks-") as out_dir:
+        command = [sys.executable, script, "--worker", *args, "--out", out_dir]
+        env = rank_env(nproc)
+        ranks = [
+            subprocess.Popen(command, env={**env, "RANK": str(r)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for r in range(nproc)
+        ]
+        errors = [process.communicate(timeout=timeout)[1] for process in ranks]
+        reports = [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob("rank*.json"))]
+        if len(reports) != nproc:
+            tail = next((e for e in errors if e), b"").decode(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(f"{args}: {nproc - len(reports)} ranks failed: " + " | ".join(tail))
+        return reports
+
+
 def run_scenario(python: str, scenario: str, nproc: int, timeout: float) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-decisions-") as out_dir:
         command = [python, __file__, "--worker", scenario, "--timeout", str(timeout), "--out", out_dir]
