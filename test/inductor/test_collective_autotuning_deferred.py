@@ -98,6 +98,13 @@ def broadcast_sum_fused_tail(x, width):
     return total.expand(x.shape[0], width).clone()
 
 
+def register_direct_and_rs_ag(**kwargs) -> None:
+    """Register all_reduce_op's two implementations, direct and reduce_scatter + all_gather."""
+    register_custom_op_autotuning(
+        all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)], **kwargs
+    )
+
+
 def forget_decisions() -> None:
     """A fresh start for the next compile: no compiled frame, no collective decision
     remembered in this process or stored in this rank's cache directory."""
@@ -127,9 +134,7 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
         self._init_process_group()
         # Same ranks, another group: its ops form a session of their own.
         tp_group = dist.new_group(list(range(self.world_size)))
-        register_custom_op_autotuning(
-            all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
-        )
+        register_direct_and_rs_ag()
         register_custom_op_autotuning(
             tp_all_reduce_op, configs=[CustomOpConfig(tp_all_reduce_direct), CustomOpConfig(tp_all_reduce_rs_ag)]
         )
@@ -210,11 +215,7 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
 
     def test_choices_without_the_eager_fallback(self):
         self._init_process_group()
-        register_custom_op_autotuning(
-            all_reduce_op,
-            configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)],
-            include_fallback=False,
-        )
+        register_direct_and_rs_ag(include_fallback=False)
         DELAY_MS.clear()
         DELAY_MS["direct"] = SLOW_MS
         x = torch.full((24, 8), float(self.rank + 1))
@@ -234,9 +235,7 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
 
     def test_identical_nodes_are_tuned_once(self):
         self._init_process_group()
-        register_custom_op_autotuning(
-            all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
-        )
+        register_direct_and_rs_ag()
         DELAY_MS.clear()
         DELAY_MS.update({"default": SLOW_MS, "direct": SLOW_MS})  # rs_ag wins
 
@@ -271,9 +270,7 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
 
     def test_decisions_are_shared_within_a_process(self):
         self._init_process_group()
-        register_custom_op_autotuning(
-            all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
-        )
+        register_direct_and_rs_ag()
         DELAY_MS.clear()
         DELAY_MS.update({"default": SLOW_MS, "rs_ag": SLOW_MS})  # direct wins
         expected = torch.full((24, 8), float(sum(r + 1 for r in range(self.world_size))))
@@ -303,9 +300,7 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
 
     def test_mismatched_node_lists_fail_on_every_rank(self):
         self._init_process_group()
-        register_custom_op_autotuning(
-            all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
-        )
+        register_direct_and_rs_ag()
         DELAY_MS.clear()
 
         def two_ops(x):

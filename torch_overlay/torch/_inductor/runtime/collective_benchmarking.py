@@ -627,8 +627,8 @@ class CollectiveBenchmarker:
         member posts what it remembers; an op that any member remembers is
         neither compiled nor benchmarked: every member adopts the decision of
         the lowest-ranked member that remembers one (it was agreed by the
-        whole group when it was made), after checking that every member's op
-        has the same ``memo_key``.  When every op is adopted, the session is
+        whole group when it was made), after checking that every member
+        tunes the same op (its key, its candidates and their roles).  When every op is adopted, the session is
         its join alone.  ``known`` gives a decision per op that this member
         holds already (a compiled program's, replayed from a cache): it takes
         part in the join with them, compiles and benchmarks nothing, and
@@ -673,9 +673,10 @@ class CollectiveBenchmarker:
                 self._drop_channel()  # a peer is gone; a later session must not reuse the channel
                 raise
         decisions = []
+        positions = {op_index: position for position, op_index in enumerate(to_run)}
         for op_index, op in enumerate(ops):
-            if op_index in to_run:
-                position = to_run.index(op_index)
+            if op_index in positions:
+                position = positions[op_index]
                 decision = self._decide(results[position], has_default=plans[position][1][0].is_default)
             else:
                 decision = _adopt(adopted[op_index], op)

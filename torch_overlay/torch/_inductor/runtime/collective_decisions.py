@@ -107,9 +107,10 @@ class CandidateResult:
     @property
     def time_ms(self) -> float:
         """The median of :attr:`runs_ms`, or inf when the candidate is disqualified."""
-        if self.status is not CandidateStatus.OK or not self.runs_ms:
+        runs = self.runs_ms
+        if self.status is not CandidateStatus.OK or not runs:
             return math.inf
-        return statistics.median(self.runs_ms)
+        return statistics.median(runs)
 
 
 @dataclasses.dataclass(frozen=True)
