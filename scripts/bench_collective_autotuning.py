@@ -76,10 +76,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_collective_decisions import launch_ranks  # noqa: E402
+from bench_collective_decisions import launch_ranks
 
 NWARMUP, NRUNS = 3, 10
-COUNTERS = ("presync", "prepare_s", "session_s", "timed_s", "warmup_s", "presync_s", "sync_s", "sync_collectives")
+COUNTERS = (
+    "presync",
+    "prepare_s",
+    "session_s",
+    "timed_s",
+    "warmup_s",
+    "presync_s",
+    "sync_s",
+    "sync_collectives",
+)
 # The last protocol with a synchronization per candidate (see --compare-with).
 PER_CANDIDATE_PROTOCOL = "a1a8df1"
 PROTOCOL_PATH = "torch_overlay/torch/_inductor/runtime/collective_benchmarking.py"
@@ -92,7 +101,10 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
     import torch.distributed as dist
     import torch._inductor.config as inductor_config
     from torch._dynamo.utils import counters
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-autotuning-")
@@ -122,14 +134,22 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
         return torch.empty_like(x)
 
     def direct(x):
-        return funcol.wait_tensor(funcol.all_reduce(mark(x, "direct"), "sum", group_name))
+        return funcol.wait_tensor(
+            funcol.all_reduce(mark(x, "direct"), "sum", group_name)
+        )
 
     def rs_ag(x):
-        shard = funcol.wait_tensor(funcol.reduce_scatter_tensor(mark(x, "rs_ag"), "sum", world, group_name))
-        return funcol.wait_tensor(funcol.all_gather_into_tensor(shard, world, group_name))
+        shard = funcol.wait_tensor(
+            funcol.reduce_scatter_tensor(mark(x, "rs_ag"), "sum", world, group_name)
+        )
+        return funcol.wait_tensor(
+            funcol.all_gather_into_tensor(shard, world, group_name)
+        )
 
     if path != "none":
-        register_custom_op_autotuning(all_reduce_op, configs=[CustomOpConfig(direct), CustomOpConfig(rs_ag)])
+        register_custom_op_autotuning(
+            all_reduce_op, configs=[CustomOpConfig(direct), CustomOpConfig(rs_ag)]
+        )
 
     def path_patches(path: str) -> dict:
         patches = dict(
@@ -165,7 +185,9 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             ]
 
         ops = [OpToTune(f"op{i}", candidates()) for i in range(nops)]
-        benchmarker = CollectiveBenchmarker(None, CollectiveBenchmarkConfig(timedelta(seconds=60), NWARMUP, NRUNS))
+        benchmarker = CollectiveBenchmarker(
+            None, CollectiveBenchmarkConfig(timedelta(seconds=60), NWARMUP, NRUNS)
+        )
         benchmarker.run_batch(ops[:1])  # builds the benchmark channel
         samples = []
         for _ in range(5):
@@ -175,8 +197,18 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             for batch in [ops] if path == "V2" else [[op] for op in ops]:
                 benchmarker.run_batch(batch)
             stats = counters["collective_autotuning"]
-            samples.append({**{name: stats[name] for name in COUNTERS}, "wall_s": time.perf_counter() - start})
-        report.update({name: statistics.median(sample[name] for sample in samples) for name in samples[0]})
+            samples.append(
+                {
+                    **{name: stats[name] for name in COUNTERS},
+                    "wall_s": time.perf_counter() - start,
+                }
+            )
+        report.update(
+            {
+                name: statistics.median(sample[name] for sample in samples)
+                for name in samples[0]
+            }
+        )
     elif mode == "compare":
         import importlib.util
         from datetime import timedelta
@@ -187,23 +219,38 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
         previous = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = previous  # its dataclasses look their module up there
         spec.loader.exec_module(previous)
-        previous._STORE_PREFIX = "per_candidate_protocol"  # its sessions must not meet this one's keys
+        previous._STORE_PREFIX = (
+            "per_candidate_protocol"  # its sessions must not meet this one's keys
+        )
         x = torch.ones(1 << 16)
-        implementations = {"default": lambda: all_reduce_op(x), "direct": lambda: direct(x), "rs_ag": lambda: rs_ag(x)}
+        implementations = {
+            "default": lambda: all_reduce_op(x),
+            "direct": lambda: direct(x),
+            "rs_ag": lambda: rs_ag(x),
+        }
         protocols = {}
         for label, module in (("per-candidate", previous), ("session", current)):
-            config = module.CollectiveBenchmarkConfig(timedelta(seconds=60), NWARMUP, NRUNS)
-            candidates = [module.Candidate(n, f, is_default=n == "default") for n, f in implementations.items()]
+            config = module.CollectiveBenchmarkConfig(
+                timedelta(seconds=60), NWARMUP, NRUNS
+            )
+            candidates = [
+                module.Candidate(n, f, is_default=n == "default")
+                for n, f in implementations.items()
+            ]
             ops = [module.OpToTune(f"op{i}", candidates) for i in range(nops)]
             protocols[label] = (module.CollectiveBenchmarker(None, config), ops)
         medians: dict[str, list[float]] = {}
         winners: dict[str, list[str]] = {}
-        for _ in range(COMPARE_SESSIONS):  # the two protocols in turn, so that both see the same machine
+        for _ in range(
+            COMPARE_SESSIONS
+        ):  # the two protocols in turn, so that both see the same machine
             for label, (benchmarker, ops) in protocols.items():
                 dist.barrier()
                 for decision in benchmarker.run_batch(ops):
                     for result in decision.results:
-                        medians.setdefault(f"{label}|{result.name}", []).append(result.time_ms)
+                        medians.setdefault(f"{label}|{result.name}", []).append(
+                            result.time_ms
+                        )
                     winners.setdefault(label, []).append(decision.winner)
         report.update(medians=medians, winners=winners)
     elif mode == "compile":
@@ -212,7 +259,9 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
         sizes = [(1 << 12) + (256 * i if distinct else 0) for i in range(count)]
 
         def program(*xs):
-            return [torch.relu(all_reduce_op(x) * 0.5 + (i + 1)) for i, x in enumerate(xs)]
+            return [
+                torch.relu(all_reduce_op(x) * 0.5 + (i + 1)) for i, x in enumerate(xs)
+            ]
 
         xs = [torch.ones(size) / world for size in sizes]
         # "none": nothing is registered, so the op compiles as a plain custom op.
@@ -258,7 +307,11 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             return torch.relu(all_reduce_op(x @ w) + b)
 
         compiled = {}
-        for name, fn in (("default", block_default), ("V1", block_v1), ("V2", block_v2)):
+        for name, fn in (
+            ("default", block_default),
+            ("V1", block_v1),
+            ("V2", block_v2),
+        ):
             with inductor_config.patch(**path_patches(name)):
                 compiled[name] = torch.compile(fn)
                 compiled[name](x, w, b)
@@ -273,7 +326,9 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
                 start = time.perf_counter()
                 fn(x, w, b)
                 times[name].append((time.perf_counter() - start) * 1e3)
-        report.update({f"{name}_ms": statistics.median(values) for name, values in times.items()})
+        report.update(
+            {f"{name}_ms": statistics.median(values) for name, values in times.items()}
+        )
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
@@ -288,7 +343,9 @@ def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
         "\nCompile wall time: first call of a program of n collective ops, each followed by relu(y * 0.5 + (i + 1)); "
         f"slowest rank, fresh processes, caches off; median of {repeats} launches per path, interleaved; seconds\n"
     )
-    print("| ranks | ops | no autotuning | V1 | V2 | overhead V1 | overhead V2 | ops benchmarked V1 / V2 |")
+    print(
+        "| ranks | ops | no autotuning | V1 | V2 | overhead V1 | overhead V2 | ops benchmarked V1 / V2 |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for nproc in nprocs:
         for program in programs:
@@ -304,7 +361,9 @@ def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
                     walls[path].append(max(r["first_call_s"] for r in rows[path]))
             wall = {path: statistics.median(values) for path, values in walls.items()}
             overhead = {path: wall[path] - wall["none"] for path in ("V1", "V2")}
-            benchmarked = "/".join(str(rows[path][0]["benchmarked"]) for path in ("V1", "V2"))
+            benchmarked = "/".join(
+                str(rows[path][0]["benchmarked"]) for path in ("V1", "V2")
+            )
             print(
                 f"| {nproc} | {label} | {wall['none']:.1f} | {wall['V1']:.1f} | {wall['V2']:.1f} "
                 f"| {overhead['V1']:+.1f} s ({overhead['V1'] / wall['none']:.0%}) "
@@ -315,15 +374,21 @@ def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
 
 def overhead_table(nprocs: list[int], op_counts: list[int]) -> None:
     print("\nAutotuning overhead per compile (slowest rank; seconds unless noted)\n")
-    print("| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | exchange sync | sync V2/V1 |")
+    print(
+        "| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | exchange sync | sync V2/V1 |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for nproc in nprocs:
         for nops in op_counts:
             rows = {}
             for path in ("V1", "V2"):
                 reports = launch(nproc, "overhead", path, str(nops), "0")
-                rows[path] = {name: max(report[name] for report in reports) for name in COUNTERS}
-            sync = {path: row["presync_s"] + row["sync_s"] for path, row in rows.items()}
+                rows[path] = {
+                    name: max(report[name] for report in reports) for name in COUNTERS
+                }
+            sync = {
+                path: row["presync_s"] + row["sync_s"] for path, row in rows.items()
+            }
             for path, row in rows.items():
                 total = row["prepare_s"] + row["session_s"]
                 ratio = "" if path == "V1" else f"{sync['V2'] / sync['V1']:.0%}"
@@ -347,12 +412,24 @@ def protocol_table(nprocs: list[int], op_counts: list[int]) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for nproc in nprocs:
         for nops in op_counts:
-            rows = {path: launch(nproc, "protocol", path, str(nops), "0") for path in ("V1", "V2")}
-            rows = {path: {name: max(r[name] for r in reports) for name in reports[0]} for path, reports in rows.items()}
-            sync = {path: row["presync_s"] + row["sync_s"] for path, row in rows.items()}
+            rows = {
+                path: launch(nproc, "protocol", path, str(nops), "0")
+                for path in ("V1", "V2")
+            }
+            rows = {
+                path: {name: max(r[name] for r in reports) for name in reports[0]}
+                for path, reports in rows.items()
+            }
+            sync = {
+                path: row["presync_s"] + row["sync_s"] for path, row in rows.items()
+            }
             presync = rows["V2"]["presync_s"] / rows["V1"]["presync_s"]
             for path, row in rows.items():
-                ratio = "" if path == "V1" else f"{presync:.0%}, {sync['V2'] / sync['V1']:.0%}"
+                ratio = (
+                    ""
+                    if path == "V1"
+                    else f"{presync:.0%}, {sync['V2'] / sync['V1']:.0%}"
+                )
                 print(
                     f"| {nproc} | {nops} | {path} | {row['presync']:.0f} | {row['sync_collectives'] / row['presync']:g} "
                     f"| {row['wall_s']:.3f} | {row['timed_s']:.3f} | {row['presync_s']:.4f} | {row['sync_s']:.4f} "
@@ -364,14 +441,20 @@ def protocol_table(nprocs: list[int], op_counts: list[int]) -> None:
 def compare_table(nprocs: list[int], revision: str) -> None:
     root = Path(__file__).resolve().parent.parent
     source = subprocess.run(
-        ["git", "show", f"{revision}:{PROTOCOL_PATH}"], cwd=root, capture_output=True, text=True, check=True
+        ["git", "show", f"{revision}:{PROTOCOL_PATH}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     print(
         f"\nMedians and winners: the per-candidate barrier ({revision}) against the session exchange, the same "
         f"3 ops x 3 candidates benchmarked by both in turn, {COMPARE_SESSIONS} sessions each; agreed time "
         "(slowest rank's median) per op and session: median [inter-quartile range], ms\n"
     )
-    print("| ranks | candidate | per-candidate barrier | session exchange | ratio | winners (per-candidate) | winners (session) |")
+    print(
+        "| ranks | candidate | per-candidate barrier | session exchange | ratio | winners (per-candidate) | winners (session) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
 
     def summary(values: list[float]) -> str:
@@ -382,12 +465,23 @@ def compare_table(nprocs: list[int], revision: str) -> None:
         module.write(source)
         module.flush()
         for nproc in nprocs:
-            report = launch(nproc, "compare", module.name, "3", "0")[0]  # agreed values: the same on every rank
-            winners = {label: collections.Counter(report["winners"][label]) for label in ("per-candidate", "session")}
+            report = launch(nproc, "compare", module.name, "3", "0")[
+                0
+            ]  # agreed values: the same on every rank
+            winners = {
+                label: collections.Counter(report["winners"][label])
+                for label in ("per-candidate", "session")
+            }
             for name in ("default", "direct", "rs_ag"):
-                before, after = (report["medians"][f"{label}|{name}"] for label in ("per-candidate", "session"))
+                before, after = (
+                    report["medians"][f"{label}|{name}"]
+                    for label in ("per-candidate", "session")
+                )
                 ratio = statistics.median(after) / statistics.median(before)
-                cells = [f"{winners[label][name]}/{sum(winners[label].values())}" for label in winners]
+                cells = [
+                    f"{winners[label][name]}/{sum(winners[label].values())}"
+                    for label in winners
+                ]
                 print(
                     f"| {nproc} | {name} | {summary(before)} | {summary(after)} | {ratio:.2f} | {' | '.join(cells)} |",
                     flush=True,
@@ -407,20 +501,49 @@ def block_table(nprocs: list[int], runs: int) -> None:
         for path in ("default", "V1", "V2"):
             ms = max(report[f"{path}_ms"] for report in reports)
             print(
-                f"| {nproc} | {path} | {reports[0][f'{path}_winner']} | {ms:.3f} | {ms / default_ms:.2f}x |", flush=True
+                f"| {nproc} | {path} | {reports[0][f'{path}_winner']} | {ms:.3f} | {ms / default_ms:.2f}x |",
+                flush=True,
             )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nproc", default="2,4", help="comma-separated world sizes")
-    parser.add_argument("--ops", default="1,3,8", help="comma-separated collective op counts")
-    parser.add_argument("--runs", type=int, default=50, help="timed calls of the compiled block")
-    parser.add_argument("--compare-with", default=PER_CANDIDATE_PROTOCOL, help="git revision of the older protocol")
-    parser.add_argument("--tables", default="compile,overhead,protocol,compare,block", help="which tables to print")
-    parser.add_argument("--compile-ops", default="1,3,8,32,8d", help="programs of the compile table (Nd: N distinct)")
-    parser.add_argument("--repeats", type=int, default=3, help="launches per path and cell of the compile table")
-    parser.add_argument("--worker", nargs=4, metavar=("MODE", "PATH", "NOPS", "RUNS"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ops", default="1,3,8", help="comma-separated collective op counts"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=50, help="timed calls of the compiled block"
+    )
+    parser.add_argument(
+        "--compare-with",
+        default=PER_CANDIDATE_PROTOCOL,
+        help="git revision of the older protocol",
+    )
+    parser.add_argument(
+        "--tables",
+        default="compile,overhead,protocol,compare,block",
+        help="which tables to print",
+    )
+    parser.add_argument(
+        "--compile-ops",
+        default="1,3,8,32,8d",
+        help="programs of the compile table (Nd: N distinct)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="launches per path and cell of the compile table",
+    )
+    parser.add_argument(
+        "--worker",
+        nargs=4,
+        metavar=("MODE", "PATH", "NOPS", "RUNS"),
+        help=argparse.SUPPRESS,
+    )
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -430,7 +553,9 @@ def main() -> None:
     import torch
 
     nprocs = [int(n) for n in args.nproc.split(",")]
-    print(f"torch {torch.__version__}, gloo, {os.cpu_count()} CPUs, {NWARMUP} warmup + {NRUNS} timed runs per candidate")
+    print(
+        f"torch {torch.__version__}, gloo, {os.cpu_count()} CPUs, {NWARMUP} warmup + {NRUNS} timed runs per candidate"
+    )
     op_counts = [int(n) for n in args.ops.split(",")]
     tables = args.tables.split(",")
     if "compile" in tables:

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_collective_decisions import launch_ranks  # noqa: E402
+from bench_collective_decisions import launch_ranks
 
 COUNTERS = ("presync", "replayed_sessions", "ops", "recalled", "presync_s")
 
@@ -50,7 +50,9 @@ def worker(numel: int, cache_root: Path, out_dir: Path) -> None:
     import torch
     import torch.distributed as dist
     from torch._dynamo.utils import counters
-    from torch._inductor.kernel.collective_implementations import register_collective_implementations
+    from torch._inductor.kernel.collective_implementations import (
+        register_collective_implementations,
+    )
 
     from demo_collective_autotuning import all_reduce_op
 
@@ -66,31 +68,42 @@ def worker(numel: int, cache_root: Path, out_dir: Path) -> None:
         return torch.relu(all_reduce_op(x, group_name) * 0.5 + 1)
 
     def without(x):
-        return torch.relu(funcol.wait_tensor(funcol.all_reduce(x, "sum", group_name)) * 0.5 + 1)
+        return torch.relu(
+            funcol.wait_tensor(funcol.all_reduce(x, "sum", group_name)) * 0.5 + 1
+        )
 
     # A process's first compile pays one-time costs (imports, Inductor's
     # precompiled header): paid here, by a program that is neither measured.
     torch.compile(lambda x: torch.sin(x) * 3)(x)
     report = {}
-    for name, program in (("without", without), ("with collective choices", with_choices)):
+    for name, program in (
+        ("without", without),
+        ("with collective choices", with_choices),
+    ):
         counters.clear()
         compiled = torch.compile(program)
         dist.barrier()
         start = time.perf_counter()
         compiled(x)
         report[name] = {"first_call_s": time.perf_counter() - start}
-        report[name].update({key: counters["collective_autotuning"][key] for key in COUNTERS})
+        report[name].update(
+            {key: counters["collective_autotuning"][key] for key in COUNTERS}
+        )
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
 
 # --- driver ----------------------------------------------------------------------
 def launch(nproc: int, numel: int, cache_root: Path) -> list[dict]:
-    return launch_ranks(__file__, nproc, ["--numel", str(numel), "--cache-root", str(cache_root)])
+    return launch_ranks(
+        __file__, nproc, ["--numel", str(numel), "--cache-root", str(cache_root)]
+    )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--numel", type=int, default=1 << 16)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

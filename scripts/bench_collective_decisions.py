@@ -60,7 +60,10 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
     import torch
     import torch.distributed as dist
     import torch._inductor.config as inductor_config
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-decisions-")
     dist.init_process_group("gloo")
@@ -76,14 +79,21 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
         def emit(self, record):
             if "autotune_warning" not in report and record.levelno >= logging.WARNING:
                 cause = f": {record.exc_info[1]}" if record.exc_info else ""
-                report["autotune_warning"] = (record.getMessage() + cause).splitlines()[0][:200]
+                report["autotune_warning"] = (record.getMessage() + cause).splitlines()[
+                    0
+                ][:200]
 
     logging.getLogger("torch._inductor").addHandler(FirstAutotuneWarning())
 
     @torch.library.custom_op("bench_decisions::probe", mutates_args=())
     def probe(x: torch.Tensor, impl: str) -> torch.Tensor:
         ran.append(impl)
-        if scenario != "happy" and impl == "faulty" and rank == world - 1 and ran.count(impl) == NWARMUP + 1:
+        if (
+            scenario != "happy"
+            and impl == "faulty"
+            and rank == world - 1
+            and ran.count(impl) == NWARMUP + 1
+        ):
             report["fault_at"] = time.time()
             if scenario == "exception":
                 raise RuntimeError("fault injected by the benchmark")
@@ -93,11 +103,15 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
                 time.sleep(3 * timeout)
                 report["returned_at"] = time.time()
             if scenario in ("dead", "wedged"):
-                Path(out_dir, "lost.json").write_text(json.dumps({"fault_at": time.time()}))
+                Path(out_dir, "lost.json").write_text(
+                    json.dumps({"fault_at": time.time()})
+                )
             if scenario == "dead":
                 os.kill(os.getpid(), signal.SIGKILL)
             if scenario == "wedged":
-                ctypes.PyDLL(None).sleep(int(4 * timeout))  # libc sleep(), the GIL held throughout
+                ctypes.PyDLL(None).sleep(
+                    int(4 * timeout)
+                )  # libc sleep(), the GIL held throughout
                 os._exit(0)
         time.sleep({"default": 0.008, "faulty": 0.0, "good": 0.003}[impl])
         return x.clone()
@@ -123,7 +137,9 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
     def good(x):
         return all_reduce(x, "good")
 
-    register_custom_op_autotuning(op, configs=[CustomOpConfig(faulty), CustomOpConfig(good)])
+    register_custom_op_autotuning(
+        op, configs=[CustomOpConfig(faulty), CustomOpConfig(good)]
+    )
 
     # Count the synchronizing collectives issued outside the candidates: the
     # candidates' own collectives go through the _c10d_functional C++ ops and
@@ -141,7 +157,10 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
 
         setattr(dist.ProcessGroup, method, counted)
     if patched:
-        from torch._inductor.runtime import collective_benchmarking as cb, collective_control
+        from torch._inductor.runtime import (
+            collective_benchmarking as cb,
+            collective_control,
+        )
 
         # Wall time of the protocol's sync steps (issue + wait), on this rank.
         for name in ("_all_reduce_max", "_all_gather"):
@@ -152,7 +171,9 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
                 try:
                     return _original(self, *args, **kwargs)
                 finally:
-                    report["sync_wall_s"] = report.get("sync_wall_s", 0.0) + time.perf_counter() - start
+                    report["sync_wall_s"] = (
+                        report.get("sync_wall_s", 0.0) + time.perf_counter() - start
+                    )
 
             setattr(cb.CollectiveBenchmarker, name, timed)
         original_rendezvous = collective_control.ControlStore.rendezvous
@@ -188,11 +209,16 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
             result = compiled(x)
         report["winner"] = ran[0] if ran else None
         report["result_ok"] = bool((result == world + 1).all())
-        report["candidate_runs"] = {impl: ran_while_compiling.count(impl) for impl in ("default", "faulty", "good")}
+        report["candidate_runs"] = {
+            impl: ran_while_compiling.count(impl)
+            for impl in ("default", "faulty", "good")
+        }
     except Exception as error:  # a dead peer: the expected outcome on healthy ranks
         report["error_at"] = time.time()
         lines = str(error).strip().splitlines()
-        report["error"] = next((line for line in lines if "collective autotuning" in line), lines[-1])[:300]
+        report["error"] = next(
+            (line for line in lines if "collective autotuning" in line), lines[-1]
+        )[:300]
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     os._exit(0)  # a dead peer must not make the teardown wait
 
@@ -208,10 +234,14 @@ def stock_python(explicit: str | None) -> str:
     venv = ROOT / "build" / f"stock-venv-{base}"
     python = venv / "bin" / "python"
     if not python.exists():
-        print(f"creating a stock torch {base} environment in {venv} ...", file=sys.stderr)
+        print(
+            f"creating a stock torch {base} environment in {venv} ...", file=sys.stderr
+        )
         wheel = pristine.find_official_wheel(ROOT / "build", base)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", str(wheel), "numpy"], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", str(wheel), "numpy"], check=True
+        )
     return str(python)
 
 
@@ -233,7 +263,9 @@ def rank_env(nproc: int) -> dict[str, str]:
     }
 
 
-def launch_ranks(script: str, nproc: int, args: list[str], timeout: float = 1200) -> list[dict]:
+def launch_ranks(
+    script: str, nproc: int, args: list[str], timeout: float = 1200
+) -> list[dict]:
     """Run ``script --worker ARGS --out DIR`` as ``nproc`` ranks; each rank's ``rank{r}.json`` report, in rank order.
 
     Raises RuntimeError, with the end of a failing rank's stderr, unless every rank reported.
@@ -242,20 +274,44 @@ def launch_ranks(script: str, nproc: int, args: list[str], timeout: float = 1200
         command = [sys.executable, script, "--worker", *args, "--out", out_dir]
         env = rank_env(nproc)
         ranks = [
-            subprocess.Popen(command, env={**env, "RANK": str(r)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            subprocess.Popen(
+                command,
+                env={**env, "RANK": str(r)},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             for r in range(nproc)
         ]
         errors = [process.communicate(timeout=timeout)[1] for process in ranks]
-        reports = [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob("rank*.json"))]
+        reports = [
+            json.loads(path.read_text())
+            for path in sorted(Path(out_dir).glob("rank*.json"))
+        ]
         if len(reports) != nproc:
-            tail = next((e for e in errors if e), b"").decode(errors="replace").strip().splitlines()[-5:]
-            raise RuntimeError(f"{args}: {nproc - len(reports)} ranks failed: " + " | ".join(tail))
+            tail = (
+                next((e for e in errors if e), b"")
+                .decode(errors="replace")
+                .strip()
+                .splitlines()[-5:]
+            )
+            raise RuntimeError(
+                f"{args}: {nproc - len(reports)} ranks failed: " + " | ".join(tail)
+            )
         return reports
 
 
 def run_scenario(python: str, scenario: str, nproc: int, timeout: float) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-decisions-") as out_dir:
-        command = [python, __file__, "--worker", scenario, "--timeout", str(timeout), "--out", out_dir]
+        command = [
+            python,
+            __file__,
+            "--worker",
+            scenario,
+            "--timeout",
+            str(timeout),
+            "--out",
+            out_dir,
+        ]
         env = rank_env(nproc)
         ranks = [
             subprocess.Popen(
@@ -271,7 +327,10 @@ def run_scenario(python: str, scenario: str, nproc: int, timeout: float) -> list
                 process.wait(timeout=600)
             except subprocess.TimeoutExpired:
                 process.kill()
-        reports = [json.loads(path.read_text()) for path in sorted(Path(out_dir).glob("rank*.json"))]
+        reports = [
+            json.loads(path.read_text())
+            for path in sorted(Path(out_dir).glob("rank*.json"))
+        ]
         lost = Path(out_dir, "lost.json")
         if lost.exists():
             for report in reports:
@@ -279,34 +338,49 @@ def run_scenario(python: str, scenario: str, nproc: int, timeout: float) -> list
         return reports
 
 
-def summarize(scenario: str, reports: list[dict], nproc: int, timeout: float) -> dict[str, str]:
+def summarize(
+    scenario: str, reports: list[dict], nproc: int, timeout: float
+) -> dict[str, str]:
     if not reports:
         return {"outcome": "no rank reported"}
     winners = {report.get("winner") for report in reports}
     errors = [report["error"] for report in reports if "error" in report]
     row = {
         "ranks": f"{len(reports)}/{nproc}",
-        "winner": ",".join(sorted(str(w) for w in winners)) + (" (agreed)" if len(winners) == 1 else " (DISAGREE)"),
+        "winner": ",".join(sorted(str(w) for w in winners))
+        + (" (agreed)" if len(winners) == 1 else " (DISAGREE)"),
     }
     first = reports[0]
     if "candidate_runs" in first:
         runs = first["candidate_runs"]
-        row["candidate runs (default/faulty/good)"] = f"{runs['default']}/{runs['faulty']}/{runs['good']}"
-        row["result"] = "correct" if all(r.get("result_ok") for r in reports) else "WRONG"
+        row["candidate runs (default/faulty/good)"] = (
+            f"{runs['default']}/{runs['faulty']}/{runs['good']}"
+        )
+        row["result"] = (
+            "correct" if all(r.get("result_ok") for r in reports) else "WRONG"
+        )
     if scenario == "happy" and "sync_collectives" in first:
         # 3 candidates in every scenario (the default and two registered).
         row["sync collectives / candidate"] = f"{first['sync_collectives'] / 3:.2f}"
         if "sync_wall_s" in first:
-            row["sync ms / candidate"] = f"{1e3 * max(r['sync_wall_s'] for r in reports) / 3:.2f}"
+            row["sync ms / candidate"] = (
+                f"{1e3 * max(r['sync_wall_s'] for r in reports) / 3:.2f}"
+            )
     fault_at = next((r["fault_at"] for r in reports if "fault_at" in r), None)
     returned_at = next((r["returned_at"] for r in reports if "returned_at" in r), None)
     if scenario in ("dead", "wedged") and errors:
-        row["fault -> every healthy rank raised"] = f"{max(r['error_at'] for r in reports) - fault_at:.2f} s"
+        row["fault -> every healthy rank raised"] = (
+            f"{max(r['error_at'] for r in reports) - fault_at:.2f} s"
+        )
         row["error"] = errors[0]
     elif returned_at is not None and all("agreed_at" in r for r in reports):
-        row["return -> every rank agreed"] = f"{max(r['agreed_at'] for r in reports) - returned_at:.2f} s"
+        row["return -> every rank agreed"] = (
+            f"{max(r['agreed_at'] for r in reports) - returned_at:.2f} s"
+        )
     elif fault_at is not None and all("agreed_at" in r for r in reports):
-        row["fault -> every rank agreed"] = f"{max(r['agreed_at'] for r in reports) - fault_at:.2f} s"
+        row["fault -> every rank agreed"] = (
+            f"{max(r['agreed_at'] for r in reports) - fault_at:.2f} s"
+        )
     elif errors:
         row["error"] = errors[0][-140:]
     if scenario != "happy" and fault_at is None and "candidate_runs" in first:
@@ -319,27 +393,48 @@ def summarize(scenario: str, reports: list[dict], nproc: int, timeout: float) ->
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nproc", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=5.0, help="collective_benchmark_timeout, seconds")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        help="collective_benchmark_timeout, seconds",
+    )
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--stock-python", help="python of an environment with stock torch of the stack's base release")
+    parser.add_argument(
+        "--stock-python",
+        help="python of an environment with stock torch of the stack's base release",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args.worker, args.timeout, Path(args.out))
         return
-    environments = {"patched": str(ROOT / ".venv" / "bin" / "python"), "stock": stock_python(args.stock_python)}
+    environments = {
+        "patched": str(ROOT / ".venv" / "bin" / "python"),
+        "stock": stock_python(args.stock_python),
+    }
     print(f"# {args.nproc} gloo ranks, collective_benchmark_timeout={args.timeout:g}s, "
           f"{NWARMUP} warmup + {NRUNS} timed runs, 3 candidates (default, faulty, good)\n")  # fmt: skip
     for scenario in args.scenarios.split(","):
         print(f"## {scenario}")
         for label, python in environments.items():
             started = time.monotonic()
-            row = summarize(scenario, run_scenario(python, scenario, args.nproc, args.timeout), args.nproc, args.timeout)
+            row = summarize(
+                scenario,
+                run_scenario(python, scenario, args.nproc, args.timeout),
+                args.nproc,
+                args.timeout,
+            )
             row["wall s"] = f"{time.monotonic() - started:.1f}"
-            print(f"- {label}: " + "; ".join(f"{key}: {value}" for key, value in row.items()))
+            print(
+                f"- {label}: "
+                + "; ".join(f"{key}: {value}" for key, value in row.items())
+            )
         print()
 
 

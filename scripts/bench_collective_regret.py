@@ -46,22 +46,33 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_collective_decisions import rank_env  # noqa: E402
+from bench_collective_decisions import rank_env
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 # --- worker (one process per rank) --------------------------------------------------
-def worker(kinds: list[str], sizes: list[int], compiles: int, oracle_runs: int, out_dir: Path) -> None:
+def worker(
+    kinds: list[str], sizes: list[int], compiles: int, oracle_runs: int, out_dir: Path
+) -> None:
     import torch
     import torch._inductor.config as inductor_config
     import torch.distributed as dist
-    from torch._inductor.kernel.collective_implementations import IMPLEMENTATIONS, register_collective_implementations
+    from torch._inductor.kernel.collective_implementations import (
+        IMPLEMENTATIONS,
+        register_collective_implementations,
+    )
     from torch._inductor.runtime import collective_benchmarking
     from torch._inductor.select_algorithm import add_feedback_saver
     from torch._inductor.virtualized import V
 
-    from demo_collective_autotuning import CASES, DEFAULT, AutotuneRecorder, candidate_label, make_input
+    from demo_collective_autotuning import (
+        CASES,
+        DEFAULT,
+        AutotuneRecorder,
+        candidate_label,
+        make_input,
+    )
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-regret-")
     dist.init_process_group("gloo")
@@ -81,8 +92,13 @@ def worker(kinds: list[str], sizes: list[int], compiles: int, oracle_runs: int, 
                 collective_benchmarking._remembered.clear()
                 register_collective_implementations(op, kind)
                 recorder.selected.clear()
-                with V.set_choices_handler(recorder), inductor_config.patch(
-                    fx_graph_cache=False, autotune_local_cache=False, max_autotune_report_choices_stats=False
+                with (
+                    V.set_choices_handler(recorder),
+                    inductor_config.patch(
+                        fx_graph_cache=False,
+                        autotune_local_cache=False,
+                        max_autotune_report_choices_stats=False,
+                    ),
                 ):
                     torch.compile(lambda x: op(x, group_name))(x)
                 choices.append(candidate_label(recorder.selected[-1], kind))
@@ -90,7 +106,9 @@ def worker(kinds: list[str], sizes: list[int], compiles: int, oracle_runs: int, 
             programs = {DEFAULT: lambda x: op(x, group_name)}
             for name, (fn, params) in IMPLEMENTATIONS[kind].items():
                 # Each implementation's own function: a program of its own for Dynamo.
-                programs[name] = torch.compile(functools.partial(fn, group_name=group_name, **params))
+                programs[name] = torch.compile(
+                    functools.partial(fn, group_name=group_name, **params)
+                )
                 programs[name](x)  # compiled now, not in the measurement
             samples = {name: [] for name in programs}
             names = list(programs)
@@ -105,10 +123,15 @@ def worker(kinds: list[str], sizes: list[int], compiles: int, oracle_runs: int, 
             everywhere: list = [None] * world
             dist.all_gather_object(everywhere, samples)
             oracle = {
-                name: statistics.median(max(runs) for runs in zip(*(peer[name] for peer in everywhere)))
+                name: statistics.median(
+                    max(runs)
+                    for runs in zip(*(peer[name] for peer in everywhere), strict=True)
+                )
                 for name in names
             }
-            cells.append({"kind": kind, "size": size, "choices": choices, "oracle_ms": oracle})
+            cells.append(
+                {"kind": kind, "size": size, "choices": choices, "oracle_ms": oracle}
+            )
     if rank == 0:
         Path(out_dir, "cells.json").write_text(json.dumps(cells))
     dist.destroy_process_group()
@@ -123,13 +146,23 @@ def launch(nproc: int, args: argparse.Namespace) -> list[dict]:
         ]  # fmt: skip
         env = rank_env(nproc)
         ranks = [
-            subprocess.Popen(command, env={**env, "RANK": str(r)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            subprocess.Popen(
+                command,
+                env={**env, "RANK": str(r)},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
             for r in range(nproc)
         ]
         errors = [process.communicate(timeout=7200)[1] for process in ranks]
         result = Path(out_dir, "cells.json")
         if not result.exists():
-            tail = next((e for e in errors if e), b"").decode(errors="replace").strip().splitlines()[-5:]
+            tail = (
+                next((e for e in errors if e), b"")
+                .decode(errors="replace")
+                .strip()
+                .splitlines()[-5:]
+            )
             raise RuntimeError(f"{nproc} ranks: no result: " + " | ".join(tail))
         return json.loads(result.read_text())
 
@@ -158,9 +191,13 @@ def summarize(nproc: int, cell: dict, default: str) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--nproc", default="2,3,4")
-    parser.add_argument("--sizes", default="240,16368,1048560", help="float32 elements per rank")
+    parser.add_argument(
+        "--sizes", default="240,16368,1048560", help="float32 elements per rank"
+    )
     parser.add_argument("--ops", default=",".join(KINDS))
     parser.add_argument("--compiles", type=int, default=5)
     parser.add_argument("--oracle-runs", type=int, default=200)
@@ -189,7 +226,9 @@ def main() -> None:
         for cell in launch(nproc, args):
             row = summarize(nproc, cell, DEFAULT)
             rows.append(row)
-            choices = ", ".join(f"{name} {count}" for name, count in row["choices"].most_common())
+            choices = ", ".join(
+                f"{name} {count}" for name, count in row["choices"].most_common()
+            )
             print(
                 f"| {nproc} | {row['kind']} | {4 * row['size'] / 1024:g} | {row['best']} {row['best_ms']:.3f} "
                 f"| {row['gap']:.0%} | {row['default_ms']:.3f} | {choices} | {row['regret']:.1%} "
@@ -200,7 +239,9 @@ def main() -> None:
     stable = [row for row in clear if row["repeat"] >= 4]
     worst = max(rows, key=lambda row: row["worst_vs_default"])
     print()
-    print(f"- mean regret over every cell: {statistics.mean(row['regret'] for row in rows):.1%} (target <= 3%)")
+    print(
+        f"- mean regret over every cell: {statistics.mean(row['regret'] for row in rows):.1%} (target <= 3%)"
+    )
     print(
         f"- slowest choice against the default: {worst['worst_vs_default']:.2f}x ({worst['kind']}, "
         f"{4 * worst['size'] / 1024:g} KB, {worst['nproc']} ranks) (target <= 1.03x in every cell)"

@@ -44,18 +44,25 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch._inductor.config as inductor_config
 import torch.distributed as dist
 from torch._inductor.choices import InductorChoices
-from torch._inductor.ir import ChoiceCaller
-from torch._inductor.kernel.collective_implementations import register_collective_implementations
+from torch._inductor.kernel.collective_implementations import (
+    register_collective_implementations,
+)
 from torch._inductor.select_algorithm import add_feedback_saver
 from torch._inductor.virtualized import V
 from torch.distributed.distributed_c10d import _resolve_process_group
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from torch._inductor.ir import ChoiceCaller
 
 
 def _group(group_name: str) -> dist.ProcessGroup:
@@ -130,9 +137,13 @@ CASES = {
     "all_reduce": Case(all_reduce_op, lambda inputs, rank: torch.stack(inputs).sum(0)),
     "all_gather": Case(all_gather_op, lambda inputs, rank: torch.cat(inputs)),
     "reduce_scatter": Case(
-        reduce_scatter_op, lambda inputs, rank: torch.stack(inputs).sum(0).chunk(len(inputs))[rank]
+        reduce_scatter_op,
+        lambda inputs, rank: torch.stack(inputs).sum(0).chunk(len(inputs))[rank],
     ),
-    "all_to_all": Case(all_to_all_op, lambda inputs, rank: torch.cat([x.chunk(len(inputs))[rank] for x in inputs])),
+    "all_to_all": Case(
+        all_to_all_op,
+        lambda inputs, rank: torch.cat([x.chunk(len(inputs))[rank] for x in inputs]),
+    ),
 }
 
 
@@ -149,7 +160,9 @@ class AutotuneRecorder(InductorChoices):
         self.timings: list[dict[ChoiceCaller, float]] = []
         self.selected: list[ChoiceCaller] = []
 
-    def feedback(self, timings, name, input_nodes, choices, profiled_time_fn, precompile_times) -> None:
+    def feedback(
+        self, timings, name, input_nodes, choices, profiled_time_fn, precompile_times
+    ) -> None:
         self.timings.append(dict(timings))
 
     def override_best_choice(self, best_choice, timings):
@@ -162,7 +175,11 @@ def candidate_label(choice: ChoiceCaller, kind: str) -> str:
     if choice.gm is None:  # the eager fallback: the op's own implementation
         return DEFAULT
     decomposition = getattr(choice, "decomposition", None)
-    return decomposition.__name__.removeprefix(f"{kind}_") if decomposition else choice.name
+    return (
+        decomposition.__name__.removeprefix(f"{kind}_")
+        if decomposition
+        else choice.name
+    )
 
 
 def make_input(numel: int, rank: int) -> torch.Tensor:
@@ -187,7 +204,9 @@ def autotune(kind: str, numel: int, recorder: AutotuneRecorder) -> Outcome:
 
     torch._dynamo.reset()
     compiled = torch.compile(case.op, fullgraph=True)
-    result = compiled(make_input(numel, rank), dist.group.WORLD.group_name)  # compiles, autotunes, runs
+    result = compiled(
+        make_input(numel, rank), dist.group.WORLD.group_name
+    )  # compiles, autotunes, runs
 
     if len(recorder.timings) != 1 or len(recorder.selected) != 1:
         raise RuntimeError(
@@ -198,7 +217,9 @@ def autotune(kind: str, numel: int, recorder: AutotuneRecorder) -> Outcome:
     winner = candidate_label(recorder.selected[0], kind)
 
     expected = case.expected([make_input(numel, r) for r in range(world)], rank)
-    torch.testing.assert_close(result, expected, rtol=0, atol=0, msg=lambda m: f"{kind} on rank {rank}: {m}")
+    torch.testing.assert_close(
+        result, expected, rtol=0, atol=0, msg=lambda m: f"{kind} on rank {rank}: {m}"
+    )
 
     winners: list = [None] * world
     dist.all_gather_object(winners, winner)
@@ -211,19 +232,26 @@ def print_report(outcomes: list[Outcome]) -> None:
     rows = []
     for outcome in outcomes:
         default_ms = outcome.timings[DEFAULT]
-        for i, (name, ms) in enumerate(sorted(outcome.timings.items(), key=lambda item: item[1])):
-            rows.append((
-                outcome.kind if i == 0 else "",
-                name,
-                f"{ms:.3f}",
-                f"{default_ms / ms:.2f}x",
-                "<- winner" if name == outcome.winners[0] else "",
-            ))
+        for i, (name, ms) in enumerate(
+            sorted(outcome.timings.items(), key=lambda item: item[1])
+        ):
+            rows.append(
+                (
+                    outcome.kind if i == 0 else "",
+                    name,
+                    f"{ms:.3f}",
+                    f"{default_ms / ms:.2f}x",
+                    "<- winner" if name == outcome.winners[0] else "",
+                )
+            )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     aligns = [str.ljust, str.ljust, str.rjust, str.rjust, str.ljust]
 
     def line(row):
-        return "  ".join(align(cell, width) for align, cell, width in zip(aligns, row, widths)).rstrip()
+        return "  ".join(
+            align(cell, width)
+            for align, cell, width in zip(aligns, row, widths, strict=True)
+        ).rstrip()
 
     print(line(header))
     print(line(["-" * width for width in widths]))
@@ -234,7 +262,9 @@ def print_report(outcomes: list[Outcome]) -> None:
     print()
     for outcome in outcomes:
         agreed = outcome.winners.count(outcome.winners[0])
-        print(f"{outcome.kind}: winner: {outcome.winners[0]} (agreed by {agreed}/{len(outcome.winners)} ranks)")
+        print(
+            f"{outcome.kind}: winner: {outcome.winners[0]} (agreed by {agreed}/{len(outcome.winners)} ranks)"
+        )
 
 
 def parse_args() -> argparse.Namespace:
@@ -247,7 +277,10 @@ def parse_args() -> argparse.Namespace:
         "(default: %(default)s)",
     )
     parser.add_argument(
-        "--nruns", type=int, default=20, help="timed runs per candidate (collective_benchmark_nruns; default: %(default)s)"
+        "--nruns",
+        type=int,
+        default=20,
+        help="timed runs per candidate (collective_benchmark_nruns; default: %(default)s)",
     )
     parser.add_argument(
         "--warmup",
@@ -268,12 +301,16 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
+    warnings.filterwarnings(
+        "ignore", message="TypedStorage is deprecated", category=UserWarning
+    )
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     # Caches on, as users run them, in a fresh directory per rank, so that
     # every run of the demo compiles and benchmarks.
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=f"collective-demo-rank{rank}-")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(
+        prefix=f"collective-demo-rank{rank}-"
+    )
     numel = args.numel - args.numel % (2 * world)
     if numel <= 0:
         raise SystemExit(f"--numel must be at least {2 * world} with {world} ranks")
@@ -289,27 +326,36 @@ def main() -> int:
     recorder = AutotuneRecorder()
     add_feedback_saver(recorder.feedback)
     outcomes = []
-    with V.set_choices_handler(recorder), inductor_config.patch(
-        collective_benchmark_nruns=args.nruns,
-        inductor_default_autotune_warmup=args.warmup,
-        max_autotune_report_choices_stats=False,  # a JSON line per rank on stderr
+    with (
+        V.set_choices_handler(recorder),
+        inductor_config.patch(
+            collective_benchmark_nruns=args.nruns,
+            inductor_default_autotune_warmup=args.warmup,
+            max_autotune_report_choices_stats=False,  # a JSON line per rank on stderr
+        ),
     ):
         for i, kind in enumerate(args.ops, 1):
             log(f"[{i}/{len(args.ops)}] autotuning {kind} ...")
             start = time.perf_counter()
             outcomes.append(autotune(kind, numel, recorder))
-            log(f"[{i}/{len(args.ops)}] {kind}: compiled, autotuned and checked in {time.perf_counter() - start:.1f}s")
+            log(
+                f"[{i}/{len(args.ops)}] {kind}: compiled, autotuned and checked in {time.perf_counter() - start:.1f}s"
+            )
 
     if rank == 0:
         print()
         print_report(outcomes)
     disagree = [o.kind for o in outcomes if len(set(o.winners)) != 1]
-    not_finite = [o.kind for o in outcomes if not all(map(math.isfinite, o.timings.values()))]
+    not_finite = [
+        o.kind for o in outcomes if not all(map(math.isfinite, o.timings.values()))
+    ]
     dist.destroy_process_group()
     if disagree or not_finite:
         if rank == 0:
-            print(f"FAILED: ranks disagree on {disagree or 'none'}; non-finite timings in {not_finite or 'none'}",
-                  file=sys.stderr)
+            print(
+                f"FAILED: ranks disagree on {disagree or 'none'}; non-finite timings in {not_finite or 'none'}",
+                file=sys.stderr,
+            )
         return 1
     return 0
 

@@ -48,13 +48,17 @@ class Layout:
         """The Python files of release ``base`` (default: the series' base), extracted once."""
         base = base or self.base
         official = pristine.find_official_wheel(self.build, base, wheel_path)
-        return pristine.extract_python_tree(official, base, self.build / f"pristine-{base}")
+        return pristine.extract_python_tree(
+            official, base, self.build / f"pristine-{base}"
+        )
 
 
 def _drift_report(expected: Path, actual: Path) -> list[str]:
     problems = []
     expected_names = {p.name for p in expected.iterdir()}
-    actual_names = {p.name for p in actual.iterdir() if p.name == "series" or p.suffix == ".patch"}
+    actual_names = {
+        p.name for p in actual.iterdir() if p.name == "series" or p.suffix == ".patch"
+    }
     for name in sorted(expected_names - actual_names):
         problems.append(f"missing from patches/: {name}")
     for name in sorted(actual_names - expected_names):
@@ -62,10 +66,17 @@ def _drift_report(expected: Path, actual: Path) -> list[str]:
     for name in sorted(expected_names & actual_names):
         if not filecmp.cmp(expected / name, actual / name, shallow=False):
             diff = difflib.unified_diff(
-                (actual / name).read_text().splitlines(), (expected / name).read_text().splitlines(),
-                f"patches/{name}", f"exported/{name}", lineterm="", n=1,
+                (actual / name).read_text().splitlines(),
+                (expected / name).read_text().splitlines(),
+                f"patches/{name}",
+                f"exported/{name}",
+                lineterm="",
+                n=1,
             )
-            problems.append(f"differs from its export: patches/{name}\n" + "\n".join(list(diff)[:20]))
+            problems.append(
+                f"differs from its export: patches/{name}\n"
+                + "\n".join(list(diff)[:20])
+            )
     return problems
 
 
@@ -77,15 +88,22 @@ def cmd_check(args, layout: Layout) -> int:
     with tempfile.TemporaryDirectory(prefix="patchstack-check-") as tmp:
         queue_dir, exported = Path(tmp) / "queue", Path(tmp) / "exported"
         queue.materialize(queue_dir, pristine_tree, patches, base)
-        queue.write_patches(exported, queue.export(queue_dir), queue.queue_base(queue_dir))
+        queue.write_patches(
+            exported, queue.export(queue_dir), queue.queue_base(queue_dir)
+        )
         problems = _drift_report(exported, layout.patches)
     if problems:
         print("patchstack check: FAILED\n" + "\n".join(problems), file=sys.stderr)
-        print("Re-export from the queue: python scripts/patchstack.py queue && "
-              "python scripts/patchstack.py export", file=sys.stderr)
+        print(
+            "Re-export from the queue: python scripts/patchstack.py queue && "
+            "python scripts/patchstack.py export",
+            file=sys.stderr,
+        )
         return 1
-    print(f"patchstack check: OK ({len(patches)} patches apply exactly to pristine torch {base}; "
-          "patches/ matches its export)")
+    print(
+        f"patchstack check: OK ({len(patches)} patches apply exactly to pristine torch {base}; "
+        "patches/ matches its export)"
+    )
     return 0
 
 
@@ -93,29 +111,47 @@ def cmd_queue(args, layout: Layout) -> int:
     queue_dir = Path(args.dir)
     if queue_dir.exists() and not args.force:
         if rebase.in_progress(queue_dir):
-            print(f"a rebase is in progress in {queue_dir}: rebase --continue or --abort, or pass --force",
-                  file=sys.stderr)
+            print(
+                f"a rebase is in progress in {queue_dir}: rebase --continue or --abort, or pass --force",
+                file=sys.stderr,
+            )
             return 1
         ahead = queue.git(queue_dir, "status", "--porcelain").strip()
         exported = queue.export(queue_dir) if (queue_dir / ".git").exists() else []
-        if ahead or [p.render() for p in exported] != [p.render() for p in series.read_series(layout.patches)]:
-            print(f"{queue_dir} holds changes not exported to patches/; export them or pass --force",
-                  file=sys.stderr)
+        if ahead or [p.render() for p in exported] != [
+            p.render() for p in series.read_series(layout.patches)
+        ]:
+            print(
+                f"{queue_dir} holds changes not exported to patches/; export them or pass --force",
+                file=sys.stderr,
+            )
             return 1
     base = layout.base
-    queue.materialize(queue_dir, layout.pristine_tree(args.wheel, base), series.read_series(layout.patches), base)
-    print(f"patch queue ready in {queue_dir} (branch 'queue', base tag 'pristine'); "
-          "edit with git, then: python scripts/patchstack.py export")
+    queue.materialize(
+        queue_dir,
+        layout.pristine_tree(args.wheel, base),
+        series.read_series(layout.patches),
+        base,
+    )
+    print(
+        f"patch queue ready in {queue_dir} (branch 'queue', base tag 'pristine'); "
+        "edit with git, then: python scripts/patchstack.py export"
+    )
     return 0
 
 
 def cmd_export(args, layout: Layout) -> int:
     queue_dir = Path(args.dir)
     if rebase.in_progress(queue_dir):
-        print(f"a rebase is in progress in {queue_dir}: rebase --continue or --abort first", file=sys.stderr)
+        print(
+            f"a rebase is in progress in {queue_dir}: rebase --continue or --abort first",
+            file=sys.stderr,
+        )
         return 1
     if queue.git(queue_dir, "status", "--porcelain", "--untracked-files=no").strip():
-        print(f"{queue_dir} has uncommitted changes; commit them first", file=sys.stderr)
+        print(
+            f"{queue_dir} has uncommitted changes; commit them first", file=sys.stderr
+        )
         return 1
     patches = queue.export(queue_dir)
     base = queue.queue_base(queue_dir)
@@ -136,29 +172,46 @@ def cmd_rebase(args, layout: Layout) -> int:
         # Everything that can refuse is checked before the queue is touched.
         pristine.require_release_version(args.onto)
         if rebase.in_progress(queue_dir):
-            raise rebase.RebaseError(f"a rebase is already in progress in {queue_dir}: use --continue or --abort")
+            raise rebase.RebaseError(
+                f"a rebase is already in progress in {queue_dir}: use --continue or --abort"
+            )
         if (queue_dir / ".git").exists():
-            if queue.git(queue_dir, "status", "--porcelain", "--untracked-files=no").strip():
+            if queue.git(
+                queue_dir, "status", "--porcelain", "--untracked-files=no"
+            ).strip():
                 raise rebase.RebaseError(
                     f"{queue_dir} has uncommitted changes; commit and export them, or discard them "
                     "(queue --force), first; nothing was changed"
                 )
             rebase.check_series_matches_queue(queue_dir, layout.patches)
         if args.onto == layout.base:
-            raise rebase.RebaseError(f"patches/series is already on torch {args.onto}; nothing was changed")
+            raise rebase.RebaseError(
+                f"patches/series is already on torch {args.onto}; nothing was changed"
+            )
         target = layout.pristine_tree(args.wheel, args.onto)
         if not (queue_dir / ".git").exists():
             base = layout.base
-            queue.materialize(queue_dir, layout.pristine_tree(None, base), series.read_series(layout.patches), base)
+            queue.materialize(
+                queue_dir,
+                layout.pristine_tree(None, base),
+                series.read_series(layout.patches),
+                base,
+            )
         outcome = rebase.start(queue_dir, args.onto, target)
     print(outcome.render(queue_dir))
     if outcome.finished:
-        dropped = {name for name, status in outcome.patches if status.startswith("dropped")}
-        overlay = source.overlay_by_patch(series.read_series(layout.patches), layout.overlay)
+        dropped = {
+            name for name, status in outcome.patches if status.startswith("dropped")
+        }
+        overlay = source.overlay_by_patch(
+            series.read_series(layout.patches), layout.overlay
+        )
         for name in sorted(dropped):
             for module in overlay.get(name, []):
-                print(f"note: torch_overlay/{module} is no longer claimed ({name} was dropped): "
-                      "delete it if upstream ships it now, or name it in another patch's Overlay:")
+                print(
+                    f"note: torch_overlay/{module} is no longer claimed ({name} was dropped): "
+                    "delete it if upstream ships it now, or name it in another patch's Overlay:"
+                )
     return 0 if outcome.finished else 2
 
 
@@ -170,16 +223,23 @@ def cmd_build(args, layout: Layout) -> int:
 
 
 def _torch_dir(python: str) -> Path | None:
-    probe = ("import importlib.util, os; s = importlib.util.find_spec('torch'); "
-             "print(os.path.dirname(s.origin) if s else '')")
-    result = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
+    probe = (
+        "import importlib.util, os; s = importlib.util.find_spec('torch'); "
+        "print(os.path.dirname(s.origin) if s else '')"
+    )
+    result = subprocess.run(
+        [python, "-c", probe], capture_output=True, text=True, check=False
+    )
     location = result.stdout.strip()
     return Path(location) if result.returncode == 0 and location else None
 
 
 def cmd_status(args, layout: Layout) -> int:
-    python = args.python or (str(layout.root / ".venv/bin/python")
-                             if (layout.root / ".venv/bin/python").exists() else sys.executable)
+    python = args.python or (
+        str(layout.root / ".venv/bin/python")
+        if (layout.root / ".venv/bin/python").exists()
+        else sys.executable
+    )
     torch_dir = _torch_dir(python)
     if torch_dir is None:
         print(f"no torch installed for {python}; run ./scripts/bootstrap.sh")
@@ -190,7 +250,15 @@ def cmd_status(args, layout: Layout) -> int:
         return 1
     current = series.stack_digest(layout.patches, layout.overlay)
     if args.json:
-        print(json.dumps({**info, "torch_dir": str(torch_dir), "up_to_date": info["digest"] == current}))
+        print(
+            json.dumps(
+                {
+                    **info,
+                    "torch_dir": str(torch_dir),
+                    "up_to_date": info["digest"] == current,
+                }
+            )
+        )
     else:
         print(f"torch {info['base_torch']} at {torch_dir}")
         print(f"patch stack: {info['stack']}  digest {info['digest'][:16]}")
@@ -201,12 +269,16 @@ def cmd_status(args, layout: Layout) -> int:
         if info["digest"] == current:
             print("up to date with patches/ and torch_overlay/")
         else:
-            print("STALE: patches/ or torch_overlay/ changed since this build; run ./scripts/bootstrap.sh")
+            print(
+                "STALE: patches/ or torch_overlay/ changed since this build; run ./scripts/bootstrap.sh"
+            )
     return 0 if info["stack"] == STACK_NAME and info["digest"] == current else 2
 
 
 def cmd_apply_source(args, layout: Layout) -> int:
-    subjects = source.apply_to_checkout(Path(args.checkout), layout.patches, layout.overlay)
+    subjects = source.apply_to_checkout(
+        Path(args.checkout), layout.patches, layout.overlay
+    )
     print(f"committed {len(subjects)} patches onto {args.checkout}:")
     for subject in subjects:
         print(f"  {subject}")
@@ -214,21 +286,34 @@ def cmd_apply_source(args, layout: Layout) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="patchstack", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repo", default=str(REPO_ROOT), help="repository root (default: this checkout)")
+    parser = argparse.ArgumentParser(
+        prog="patchstack",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--repo",
+        default=str(REPO_ROOT),
+        help="repository root (default: this checkout)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    wheel_help = ("official torch wheel of the series' base release (default: $TORCH_PATCH_STACK_WHEEL, "
-                  "build/wheels, pip download)")
+    wheel_help = (
+        "official torch wheel of the series' base release (default: $TORCH_PATCH_STACK_WHEEL, "
+        "build/wheels, pip download)"
+    )
 
-    check = commands.add_parser("check", help="verify patches/ against the pristine base release")
+    check = commands.add_parser(
+        "check", help="verify patches/ against the pristine base release"
+    )
     check.add_argument("--wheel", help=wheel_help)
     check.set_defaults(run=cmd_check)
 
     queue_cmd = commands.add_parser("queue", help="materialize the patch queue")
     queue_cmd.add_argument("--dir", default=str(REPO_ROOT / "build/queue"))
     queue_cmd.add_argument("--wheel", help=wheel_help)
-    queue_cmd.add_argument("--force", action="store_true", help="discard an unexported queue")
+    queue_cmd.add_argument(
+        "--force", action="store_true", help="discard an unexported queue"
+    )
     queue_cmd.set_defaults(run=cmd_queue)
 
     export = commands.add_parser("export", help="write the queue back to patches/")
@@ -236,19 +321,33 @@ def main(argv: list[str] | None = None) -> int:
     export.set_defaults(run=cmd_export)
 
     rebase_cmd = commands.add_parser(
-        "rebase", help="replay the queue onto another torch release",
+        "rebase",
+        help="replay the queue onto another torch release",
         description="Replay the patch queue onto the pristine files of another torch release with "
-                    "three-way merges.  Exit status 0: done (then export); 2: stopped at a conflict "
-                    "that a person resolves in the queue (edit, git add), then --continue; 1: error, "
-                    "nothing changed.",
+        "three-way merges.  Exit status 0: done (then export); 2: stopped at a conflict "
+        "that a person resolves in the queue (edit, git add), then --continue; 1: error, "
+        "nothing changed.",
     )
     action = rebase_cmd.add_mutually_exclusive_group(required=True)
-    action.add_argument("--onto", metavar="VERSION", help="the release to move to, e.g. 2.15.0")
-    action.add_argument("--continue", dest="resume", action="store_true",
-                        help="go on after resolving the conflicts of the patch it stopped at")
-    action.add_argument("--abort", action="store_true", help="restore the queue as it was before the rebase")
+    action.add_argument(
+        "--onto", metavar="VERSION", help="the release to move to, e.g. 2.15.0"
+    )
+    action.add_argument(
+        "--continue",
+        dest="resume",
+        action="store_true",
+        help="go on after resolving the conflicts of the patch it stopped at",
+    )
+    action.add_argument(
+        "--abort",
+        action="store_true",
+        help="restore the queue as it was before the rebase",
+    )
     rebase_cmd.add_argument("--dir", default=str(REPO_ROOT / "build/queue"))
-    rebase_cmd.add_argument("--wheel", help="official torch wheel of VERSION (default: build/wheels, pip download)")
+    rebase_cmd.add_argument(
+        "--wheel",
+        help="official torch wheel of VERSION (default: build/wheels, pip download)",
+    )
     rebase_cmd.set_defaults(run=cmd_rebase)
 
     build = commands.add_parser("build", help="build the patched wheel")
@@ -256,21 +355,35 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--out", default=str(REPO_ROOT / "build/dist"))
     build.set_defaults(run=cmd_build)
 
-    status = commands.add_parser("status", help="show the patch stack of the installed torch")
-    status.add_argument("--python", help="interpreter to inspect (default: .venv/bin/python)")
+    status = commands.add_parser(
+        "status", help="show the patch stack of the installed torch"
+    )
+    status.add_argument(
+        "--python", help="interpreter to inspect (default: .venv/bin/python)"
+    )
     status.add_argument("--json", action="store_true")
     status.set_defaults(run=cmd_status)
 
-    apply_source = commands.add_parser("apply-source", help="commit the stack onto a PyTorch checkout")
-    apply_source.add_argument("checkout", help="clean PyTorch git checkout at the series' base release")
+    apply_source = commands.add_parser(
+        "apply-source", help="commit the stack onto a PyTorch checkout"
+    )
+    apply_source.add_argument(
+        "checkout", help="clean PyTorch git checkout at the series' base release"
+    )
     apply_source.set_defaults(run=cmd_apply_source)
 
     args = parser.parse_args(argv)
     layout = Layout(Path(args.repo).resolve())
     try:
         return args.run(args, layout)
-    except (pristine.BaseVersionError, rebase.RebaseError, series.SeriesError, unified_diff.PatchError,
-            FileNotFoundError, RuntimeError) as error:
+    except (
+        pristine.BaseVersionError,
+        rebase.RebaseError,
+        series.SeriesError,
+        unified_diff.PatchError,
+        FileNotFoundError,
+        RuntimeError,
+    ) as error:
         print(f"patchstack {args.command}: error: {error}", file=sys.stderr)
         return 1
 

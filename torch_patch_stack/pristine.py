@@ -9,8 +9,11 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 # Written by extract_python_tree beside the files it extracted; not a torch file.
@@ -46,7 +49,9 @@ def wheel_version(wheel: Path) -> str:
     with zipfile.ZipFile(wheel) as archive:
         metadata = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         if len(metadata) != 1:
-            raise BaseVersionError(f"{wheel} is not a wheel (no single dist-info/METADATA)")
+            raise BaseVersionError(
+                f"{wheel} is not a wheel (no single dist-info/METADATA)"
+            )
         for line in archive.read(metadata[0]).decode().splitlines():
             if line.startswith("Version: "):
                 return line[len("Version: ") :].strip()
@@ -68,11 +73,15 @@ def _wheels_of(wheel_dir: Path, base: str) -> list[Path]:
     # File names are torch-<version>-<tags>.whl; compare the release exactly
     # (a glob on "torch-2.1.0*" would also take 2.1.0's neighbours).
     return sorted(
-        path for path in wheel_dir.glob("torch-*.whl") if release(path.name.split("-")[1]) == base
+        path
+        for path in wheel_dir.glob("torch-*.whl")
+        if release(path.name.split("-")[1]) == base
     )
 
 
-def find_official_wheel(build_dir: Path, base: str, explicit: str | None = None) -> Path:
+def find_official_wheel(
+    build_dir: Path, base: str, explicit: str | None = None
+) -> Path:
     """Locate the official wheel of release ``base``.
 
     In order: ``explicit`` (a path), ``$TORCH_PATCH_STACK_WHEEL`` when it is
@@ -87,7 +96,11 @@ def find_official_wheel(build_dir: Path, base: str, explicit: str | None = None)
             raise FileNotFoundError(f"torch wheel {path} does not exist")
         return path
     from_env = os.environ.get("TORCH_PATCH_STACK_WHEEL")
-    if from_env and Path(from_env).is_file() and release(wheel_version(Path(from_env))) == base:
+    if (
+        from_env
+        and Path(from_env).is_file()
+        and release(wheel_version(Path(from_env))) == base
+    ):
         return Path(from_env)
     wheel_dir = build_dir / "wheels"
     found = _wheels_of(wheel_dir, base)
@@ -96,9 +109,21 @@ def find_official_wheel(build_dir: Path, base: str, explicit: str | None = None)
     print(f"patchstack: fetching the official torch=={base} wheel", file=sys.stderr)
     with _scratch_dir(wheel_dir) as download_dir:
         result = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-             "--only-binary=:all:", "-d", str(download_dir), f"torch=={base}"],
-            capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-d",
+                str(download_dir),
+                f"torch=={base}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         downloaded = _wheels_of(download_dir, base)
         if result.returncode != 0 or not downloaded:

@@ -12,28 +12,48 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import series as series_mod
 from . import unified_diff
 from .pristine import PRISTINE_STAMP, release, version_in_version_py
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
 _GIT_IDENTITY = [
-    "-c", "user.name=patchstack", "-c", "user.email=patchstack@localhost",
-    "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false",
+    "-c",
+    "user.name=patchstack",
+    "-c",
+    "user.email=patchstack@localhost",
+    "-c",
+    "commit.gpgsign=false",
+    "-c",
+    "core.autocrlf=false",
 ]
 # Stable diff settings so that export is byte-for-byte reproducible.
 _DIFF_ARGS = [
-    "--no-color", "--no-ext-diff", "--no-renames", "--diff-algorithm=myers",
-    "-U3", "--src-prefix=a/", "--dst-prefix=b/",
+    "--no-color",
+    "--no-ext-diff",
+    "--no-renames",
+    "--diff-algorithm=myers",
+    "-U3",
+    "--src-prefix=a/",
+    "--dst-prefix=b/",
 ]
 
 
-def run_git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_git(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run git in ``cwd`` with the queue's identity; the caller reads the exit status."""
     return subprocess.run(
-        ["git", *_GIT_IDENTITY, *args], cwd=cwd, check=False, text=True, capture_output=True,
+        ["git", *_GIT_IDENTITY, *args],
+        cwd=cwd,
+        check=False,
+        text=True,
+        capture_output=True,
         env=None if env is None else {**os.environ, **env},
     )
 
@@ -61,10 +81,14 @@ def apply_series_in_memory(
             if file_diff.path not in current:
                 original = read_original(file_diff.path)
                 if original is None:
-                    raise unified_diff.PatchError(f"{patch.file_name}: {file_diff.path} is not in the base")
+                    raise unified_diff.PatchError(
+                        f"{patch.file_name}: {file_diff.path} is not in the base"
+                    )
                 current[file_diff.path] = original
             try:
-                current[file_diff.path] = unified_diff.apply_exact(current[file_diff.path], file_diff)
+                current[file_diff.path] = unified_diff.apply_exact(
+                    current[file_diff.path], file_diff
+                )
             except unified_diff.PatchError as error:
                 raise unified_diff.PatchError(f"{patch.file_name}: {error}") from None
     return current
@@ -87,7 +111,9 @@ def pristine_message(base: str) -> str:
     return f"pristine torch {base} python files (base of the series)"
 
 
-def materialize(dest: Path, pristine: Path, patches: list[series_mod.Patch], base: str) -> None:
+def materialize(
+    dest: Path, pristine: Path, patches: list[series_mod.Patch], base: str
+) -> None:
     """Create the queue at ``dest`` (replacing any previous queue) on release ``base``."""
     if dest.exists():
         shutil.rmtree(dest)
@@ -109,7 +135,9 @@ def queue_base(queue_dir: Path) -> str:
     """The torch release the queue's ``pristine`` commit holds (its ``torch/version.py``)."""
     version = version_in_version_py(git(queue_dir, "show", "pristine:torch/version.py"))
     if version is None:
-        raise RuntimeError(f"{queue_dir}: pristine:torch/version.py names no __version__")
+        raise RuntimeError(
+            f"{queue_dir}: pristine:torch/version.py names no __version__"
+        )
     return release(version)
 
 
@@ -121,9 +149,15 @@ def export(queue_dir: Path) -> list[series_mod.Patch]:
         message = git(queue_dir, "log", "-1", "--format=%B", commit)
         diff = git(queue_dir, "diff", *_DIFF_ARGS, f"{commit}^", commit)
         # Blob hashes churn whenever an earlier patch touches the same file.
-        diff = "".join(line for line in diff.splitlines(keepends=True) if not line.startswith("index "))
+        diff = "".join(
+            line
+            for line in diff.splitlines(keepends=True)
+            if not line.startswith("index ")
+        )
         subject = message.strip().splitlines()[0]
-        patch = series_mod.patch_from_commit(series_mod.file_name_for(index, subject), message, diff)
+        patch = series_mod.patch_from_commit(
+            series_mod.file_name_for(index, subject), message, diff
+        )
         patch.validate()
         patches.append(patch)
     return patches

@@ -68,7 +68,9 @@ class FileReport:
     path: str
     state: str  # "merged", "conflict", or "deleted upstream"
     hunks: list[HunkReport]
-    unmatched_conflicts: list[tuple[int, int]]  # conflict regions no hunk of the patch explains
+    unmatched_conflicts: list[
+        tuple[int, int]
+    ]  # conflict regions no hunk of the patch explains
 
 
 @dataclasses.dataclass
@@ -87,7 +89,9 @@ class Outcome:
     def render(self, queue_dir: Path) -> str:
         lines = []
         if self.finished:
-            lines.append(f"rebased the queue from torch {self.base} onto torch {self.onto}:")
+            lines.append(
+                f"rebased the queue from torch {self.base} onto torch {self.onto}:"
+            )
         else:
             lines.append(
                 f"rebase of the queue from torch {self.base} onto torch {self.onto} stopped at "
@@ -116,7 +120,8 @@ def _render_files(files: list[FileReport]) -> list[str]:
         lines.append(f"    {report.path}: {report.state}")
         for number, hunk in enumerate(report.hunks, start=1):
             where = (
-                "conflict at lines " + ", ".join(f"{a}-{b}" for a, b in hunk.conflict_lines)
+                "conflict at lines "
+                + ", ".join(f"{a}-{b}" for a, b in hunk.conflict_lines)
                 if hunk.conflict_lines
                 else "merged"
             )
@@ -149,7 +154,9 @@ def _load(queue_dir: Path) -> _State:
 
 
 def _save(queue_dir: Path, state: _State) -> None:
-    _state_path(queue_dir).write_text(json.dumps(dataclasses.asdict(state), indent=2) + "\n")
+    _state_path(queue_dir).write_text(
+        json.dumps(dataclasses.asdict(state), indent=2) + "\n"
+    )
 
 
 def _git_rebase_in_progress(queue_dir: Path) -> bool:
@@ -167,16 +174,23 @@ def start(queue_dir: Path, onto: str, pristine_tree: Path) -> Outcome:
     outcome: finished, or stopped at a conflict for a person to resolve.
     """
     if in_progress(queue_dir) or _git_rebase_in_progress(queue_dir):
-        raise RebaseError(f"a rebase is already in progress in {queue_dir}: use --continue or --abort")
+        raise RebaseError(
+            f"a rebase is already in progress in {queue_dir}: use --continue or --abort"
+        )
     if git(queue_dir, "status", "--porcelain", "--untracked-files=no").strip():
-        raise RebaseError(f"{queue_dir} has uncommitted changes; commit or discard them first (nothing was changed)")
+        raise RebaseError(
+            f"{queue_dir} has uncommitted changes; commit or discard them first (nothing was changed)"
+        )
     base = queue_base(queue_dir)
     if base == onto:
         raise RebaseError(f"the queue is already on torch {onto} (nothing was changed)")
     old_pristine = git(queue_dir, "rev-parse", "pristine^{commit}").strip()
     commits = git(queue_dir, "rev-list", "--reverse", "pristine..queue").split()
     patches = [
-        (commit, patch.file_name, patch.subject) for commit, patch in zip(commits, export(queue_dir))
+        (commit, patch.file_name, patch.subject)
+        # export() reads HEAD, which is the queue branch in a queue made by
+        # `patchstack queue`; pairing stops at the shorter list as it always has.
+        for commit, patch in zip(commits, export(queue_dir), strict=False)
     ]
     state = _State(
         base=base,
@@ -189,7 +203,13 @@ def start(queue_dir: Path, onto: str, pristine_tree: Path) -> Outcome:
     git(queue_dir, "checkout", "-q", "queue")
     _save(queue_dir, state)
     result = run_git(
-        queue_dir, "rebase", "--empty=drop", "--onto", state.new_pristine, old_pristine, "queue",
+        queue_dir,
+        "rebase",
+        "--empty=drop",
+        "--onto",
+        state.new_pristine,
+        old_pristine,
+        "queue",
         env={"GIT_EDITOR": "true"},
     )
     return _after_git(queue_dir, state, result.returncode, result.stderr)
@@ -204,17 +224,32 @@ def resume(queue_dir: Path) -> Outcome:
     state = _load(queue_dir)
     if not _git_rebase_in_progress(queue_dir):
         # The person finished the git rebase by hand: only the bookkeeping is left.
-        if run_git(queue_dir, "merge-base", "--is-ancestor", state.new_pristine, "HEAD").returncode == 0:
+        if (
+            run_git(
+                queue_dir, "merge-base", "--is-ancestor", state.new_pristine, "HEAD"
+            ).returncode
+            == 0
+        ):
             return _finish(queue_dir, state)
-        raise RebaseError(f"the git rebase in {queue_dir} was ended by hand; use --abort to restore the queue")
+        raise RebaseError(
+            f"the git rebase in {queue_dir} was ended by hand; use --abort to restore the queue"
+        )
     unmerged = git(queue_dir, "diff", "--name-only", "--diff-filter=U").split()
     if unmerged:
-        raise RebaseError(f"unresolved files in {queue_dir}: {unmerged}; edit them, then git add them")
+        raise RebaseError(
+            f"unresolved files in {queue_dir}: {unmerged}; edit them, then git add them"
+        )
     stopped = git(queue_dir, "rev-parse", "REBASE_HEAD").strip()
     touched = git(queue_dir, "diff", "--name-only", f"{stopped}^", stopped).split()
-    marked = [path for path in touched if (queue_dir / path).is_file() and _conflict_regions(queue_dir / path)]
+    marked = [
+        path
+        for path in touched
+        if (queue_dir / path).is_file() and _conflict_regions(queue_dir / path)
+    ]
     if marked:
-        raise RebaseError(f"conflict markers remain in {marked}; resolve them, then git add them")
+        raise RebaseError(
+            f"conflict markers remain in {marked}; resolve them, then git add them"
+        )
     name = _patch_name(state, stopped)
     if run_git(queue_dir, "diff", "--cached", "--quiet", "HEAD").returncode == 0:
         state.resolved[name] = "dropped: resolved to no change"
@@ -247,7 +282,9 @@ def _commit_tree(queue_dir: Path, files: Path, parent: str, release: str) -> str
         env = {"GIT_INDEX_FILE": str(Path(tmp) / "index"), "GIT_WORK_TREE": str(files)}
         git(queue_dir, "add", "-A", "--", ".", f":(exclude){PRISTINE_STAMP}", env=env)
         tree = git(queue_dir, "write-tree", env=env).strip()
-    return git(queue_dir, "commit-tree", tree, "-p", parent, "-m", pristine_message(release)).strip()
+    return git(
+        queue_dir, "commit-tree", tree, "-p", parent, "-m", pristine_message(release)
+    ).strip()
 
 
 def _patch_name(state: _State, commit: str) -> str:
@@ -259,14 +296,25 @@ def _after_git(queue_dir: Path, state: _State, returncode: int, stderr: str) -> 
         return _finish(queue_dir, state)
     if not _git_rebase_in_progress(queue_dir):
         abort(queue_dir)
-        raise RebaseError(f"git rebase failed without stopping at a conflict; the queue is restored:\n{stderr}")
+        raise RebaseError(
+            f"git rebase failed without stopping at a conflict; the queue is restored:\n{stderr}"
+        )
     stopped = git(queue_dir, "rev-parse", "REBASE_HEAD").strip()
     name = _patch_name(state, stopped)
     statuses = _statuses(queue_dir, state, stopped_at=name)
-    return Outcome(state.base, state.onto, False, statuses, name, _conflict_report(queue_dir, stopped))
+    return Outcome(
+        state.base,
+        state.onto,
+        False,
+        statuses,
+        name,
+        _conflict_report(queue_dir, stopped),
+    )
 
 
-def _statuses(queue_dir: Path, state: _State, stopped_at: str | None) -> list[tuple[str, str]]:
+def _statuses(
+    queue_dir: Path, state: _State, stopped_at: str | None
+) -> list[tuple[str, str]]:
     # Rebased patches keep their subjects; a patch the rebase went past whose
     # subject is not among the new commits was dropped because it became empty.
     done = {
@@ -286,7 +334,9 @@ def _statuses(queue_dir: Path, state: _State, stopped_at: str | None) -> list[tu
         elif subject in done:
             statuses.append((name, "clean"))
         else:
-            statuses.append((name, "dropped: empty after the rebase (upstream absorbed it)"))
+            statuses.append(
+                (name, "dropped: empty after the rebase (upstream absorbed it)")
+            )
     return statuses
 
 
@@ -325,13 +375,29 @@ def _conflict_report(queue_dir: Path, stopped: str) -> list[FileReport]:
     for file_diff in unified_diff.parse(diff):
         path = queue_dir / file_diff.path
         if file_diff.path not in unmerged:
-            reports.append(FileReport(file_diff.path, "merged", [HunkReport(h.header, []) for h in file_diff.hunks], []))
+            reports.append(
+                FileReport(
+                    file_diff.path,
+                    "merged",
+                    [HunkReport(h.header, []) for h in file_diff.hunks],
+                    [],
+                )
+            )
             continue
         if not path.is_file():
-            reports.append(FileReport(file_diff.path, "deleted upstream", [HunkReport(h.header, []) for h in file_diff.hunks], []))
+            reports.append(
+                FileReport(
+                    file_diff.path,
+                    "deleted upstream",
+                    [HunkReport(h.header, []) for h in file_diff.hunks],
+                    [],
+                )
+            )
             continue
         regions = _conflict_regions(path)
-        region_lines = [{line.strip() for line in text.splitlines()} for _, _, text in regions]
+        region_lines = [
+            {line.strip() for line in text.splitlines()} for _, _, text in regions
+        ]
         explained: set[int] = set()
         hunks = []
         for hunk in file_diff.hunks:
@@ -339,14 +405,19 @@ def _conflict_report(queue_dir: Path, stopped: str) -> list[FileReport]:
             # lines are: lines like ")" occur everywhere, and a diff3 region
             # quotes the base text, which may share a line or two with a
             # hunk that merged elsewhere.
-            changed = {line.strip() for line in hunk.removed + hunk.added if _distinctive(line)}
+            changed = {
+                line.strip() for line in hunk.removed + hunk.added if _distinctive(line)
+            }
             hit = [
-                index for index, lines in enumerate(region_lines)
+                index
+                for index, lines in enumerate(region_lines)
                 if changed and len(changed & lines) * 2 > len(changed)
             ]
             explained.update(hit)
             hunks.append(HunkReport(hunk.header, [regions[i][:2] for i in hit]))
-        unmatched = [region[:2] for index, region in enumerate(regions) if index not in explained]
+        unmatched = [
+            region[:2] for index, region in enumerate(regions) if index not in explained
+        ]
         reports.append(FileReport(file_diff.path, "conflict", hunks, unmatched))
     return reports
 

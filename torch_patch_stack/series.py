@@ -27,7 +27,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 REQUIRED_FIELDS = ("Subject", "Description", "Forwarded", "Last-Update")
 _FIELD = re.compile(r"^([A-Za-z-]+): ?(.*)$")
@@ -70,7 +73,9 @@ class Patch:
         if missing:
             raise SeriesError(f"{self.file_name}: header lacks {', '.join(missing)}")
         forwarded = self.fields["Forwarded"]
-        if forwarded not in ("no", "not-needed") and not forwarded.startswith("https://"):
+        if forwarded not in ("no", "not-needed") and not forwarded.startswith(
+            "https://"
+        ):
             raise SeriesError(
                 f"{self.file_name}: Forwarded must be 'no', 'not-needed' or a URL, got {forwarded!r}"
             )
@@ -130,7 +135,9 @@ def read_base(patch_dir: Path) -> str:
         match = _BASE_LINE.match(line.strip())
         if match:
             return match.group(1)
-    raise SeriesError(f"{series_file} has no '# base: torch==X.Y.Z' line naming the release it applies to")
+    raise SeriesError(
+        f"{series_file} has no '# base: torch==X.Y.Z' line naming the release it applies to"
+    )
 
 
 def render_series(patches: list[Patch], base: str) -> str:
@@ -157,5 +164,10 @@ def stack_digest(patch_dir: Path, overlay_dir: Path) -> str:
     for path in [patch_dir / "series", *sorted(patch_dir.glob("*.patch"))]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     for relative in overlay_files(overlay_dir):
-        digest.update(str(relative).encode() + b"\0" + (overlay_dir / relative).read_bytes() + b"\0")
+        digest.update(
+            str(relative).encode()
+            + b"\0"
+            + (overlay_dir / relative).read_bytes()
+            + b"\0"
+        )
     return digest.hexdigest()

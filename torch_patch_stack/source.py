@@ -29,28 +29,42 @@ def checkout_version(checkout: Path) -> str:
         version = version_in_version_py(version_py.read_text())
         if version:
             return version
-    raise unified_diff.PatchError(f"{checkout} has neither version.txt nor torch/version.py")
+    raise unified_diff.PatchError(
+        f"{checkout} has neither version.txt nor torch/version.py"
+    )
 
 
-def overlay_by_patch(patches: list[series_mod.Patch], overlay_dir: Path) -> dict[str, list[Path]]:
+def overlay_by_patch(
+    patches: list[series_mod.Patch], overlay_dir: Path
+) -> dict[str, list[Path]]:
     """Map each patch to the overlay modules it introduces; every overlay file
     must be claimed by exactly one patch."""
     claimed: dict[str, list[Path]] = {}
     owner: dict[Path, str] = {}
     for patch in patches:
-        names = [n.strip() for n in patch.fields.get("Overlay", "").split(",") if n.strip()]
+        names = [
+            n.strip() for n in patch.fields.get("Overlay", "").split(",") if n.strip()
+        ]
         claimed[patch.file_name] = []
         for name in names:
             path = Path(name)
             if path in owner:
-                raise series_mod.SeriesError(f"{name} is claimed by {owner[path]} and {patch.file_name}")
+                raise series_mod.SeriesError(
+                    f"{name} is claimed by {owner[path]} and {patch.file_name}"
+                )
             if not (overlay_dir / path).is_file():
-                raise series_mod.SeriesError(f"{patch.file_name} names {name}, not in torch_overlay/")
+                raise series_mod.SeriesError(
+                    f"{patch.file_name} names {name}, not in torch_overlay/"
+                )
             owner[path] = patch.file_name
             claimed[patch.file_name].append(path)
-    unclaimed = [str(p) for p in series_mod.overlay_files(overlay_dir) if p not in owner]
+    unclaimed = [
+        str(p) for p in series_mod.overlay_files(overlay_dir) if p not in owner
+    ]
     if unclaimed:
-        raise series_mod.SeriesError(f"no patch names these overlay modules in 'Overlay:': {unclaimed}")
+        raise series_mod.SeriesError(
+            f"no patch names these overlay modules in 'Overlay:': {unclaimed}"
+        )
     return claimed
 
 
@@ -62,9 +76,13 @@ def apply_to_checkout(checkout: Path, patch_dir: Path, overlay_dir: Path) -> lis
     """
     if not (checkout / ".git").exists():
         raise unified_diff.PatchError(f"{checkout} is not a git checkout")
-    require_base_version(checkout_version(checkout), series_mod.read_base(patch_dir), str(checkout))
+    require_base_version(
+        checkout_version(checkout), series_mod.read_base(patch_dir), str(checkout)
+    )
     if git(checkout, "status", "--porcelain", "--untracked-files=no").strip():
-        raise unified_diff.PatchError(f"{checkout} has uncommitted changes; commit or stash them first")
+        raise unified_diff.PatchError(
+            f"{checkout} has uncommitted changes; commit or stash them first"
+        )
     patches = series_mod.read_series(patch_dir)
     overlay = overlay_by_patch(patches, overlay_dir)
     # Dry run in memory so that a drifted patch leaves the checkout untouched.

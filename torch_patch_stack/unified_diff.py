@@ -82,7 +82,9 @@ def parse(diff_text: str) -> list[FileDiff]:
             new_count = int(match.group(4) or "1")
             hunk = Hunk(int(match.group(1)), [], [], header=line.rstrip("\n"))
             i += 1
-            while (len(hunk.old_lines) < old_count or len(hunk.new_lines) < new_count) and i < len(lines):
+            while (
+                len(hunk.old_lines) < old_count or len(hunk.new_lines) < new_count
+            ) and i < len(lines):
                 body = lines[i]
                 tag, text = body[:1], body[1:]
                 if tag == " ":
@@ -99,14 +101,18 @@ def parse(diff_text: str) -> list[FileDiff]:
                 else:
                     raise PatchError(f"unexpected line in hunk: {body!r}")
                 i += 1
-                if i < len(lines) and lines[i].startswith("\\ No newline at end of file"):
+                if i < len(lines) and lines[i].startswith(
+                    "\\ No newline at end of file"
+                ):
                     target = hunk.new_lines if tag == "+" else hunk.old_lines
                     target[-1] = target[-1].rstrip("\n")
                     if tag == " ":
                         hunk.new_lines[-1] = hunk.new_lines[-1].rstrip("\n")
                     i += 1
             if len(hunk.old_lines) != old_count or len(hunk.new_lines) != new_count:
-                raise PatchError(f"truncated hunk in {files[-1].path} at line {hunk.old_start}")
+                raise PatchError(
+                    f"truncated hunk in {files[-1].path} at line {hunk.old_start}"
+                )
             files[-1].hunks.append(hunk)
             continue
         if line.strip() == "":
@@ -131,9 +137,13 @@ def apply_exact(original: str, file_diff: FileDiff) -> str:
         actual = source[start : start + len(hunk.old_lines)]
         if start < cursor or actual != hunk.old_lines:
             detail = "hunk overlaps the previous one"
-            for offset, (want, got) in enumerate(zip(hunk.old_lines, actual + [""] * len(hunk.old_lines))):
+            for offset, (want, got) in enumerate(
+                zip(hunk.old_lines, actual + [""] * len(hunk.old_lines), strict=False)
+            ):
                 if want != got:
-                    detail = f"line {start + offset + 1}: expected {want!r}, found {got!r}"
+                    detail = (
+                        f"line {start + offset + 1}: expected {want!r}, found {got!r}"
+                    )
                     break
             raise PatchError(
                 f"{file_diff.path}: hunk #{number} (@@ -{hunk.old_start}) does not apply "

@@ -30,13 +30,19 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + digest.decode()
 
 
-def stack_info(patches: list[series_mod.Patch], overlay: dict[str, bytes], digest: str, base: str) -> dict:
+def stack_info(
+    patches: list[series_mod.Patch], overlay: dict[str, bytes], digest: str, base: str
+) -> dict:
     return {
         "stack": STACK_NAME,
         "base_torch": base,
         "digest": digest,
         "patches": [
-            {"file": p.file_name, "subject": p.subject, "sha256": hashlib.sha256(p.render().encode()).hexdigest()}
+            {
+                "file": p.file_name,
+                "subject": p.subject,
+                "sha256": hashlib.sha256(p.render().encode()).hexdigest(),
+            }
             for p in patches
         ],
         "overlay": sorted(overlay),
@@ -67,7 +73,8 @@ def build(
         replaced = {
             path: text.encode()
             for path, text in apply_series_in_memory(
-                patches, lambda path: source.read(path).decode() if path in names else None
+                patches,
+                lambda path: source.read(path).decode() if path in names else None,
             ).items()
         }
         clashes = sorted(set(overlay) & set(source.namelist()))
@@ -77,17 +84,25 @@ def build(
                 "(change them with a patch instead)"
             )
         added = dict(overlay)
-        added[STACK_INFO_PATH] = (json.dumps(stack_info(patches, overlay, digest, base), indent=2) + "\n").encode()
-        record_name = next(n for n in source.namelist() if n.endswith(".dist-info/RECORD"))
+        added[STACK_INFO_PATH] = (
+            json.dumps(stack_info(patches, overlay, digest, base), indent=2) + "\n"
+        ).encode()
+        record_name = next(
+            n for n in source.namelist() if n.endswith(".dist-info/RECORD")
+        )
         records = []
-        with zipfile.ZipFile(partial, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as sink:
+        with zipfile.ZipFile(
+            partial, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1
+        ) as sink:
             for info in source.infolist():
                 if info.filename == record_name:
                     continue
                 data = replaced.get(info.filename)
                 if data is None:
                     data = source.read(info)
-                sink.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=1)
+                sink.writestr(
+                    info, data, compress_type=zipfile.ZIP_DEFLATED, compresslevel=1
+                )
                 if not info.is_dir():
                     records.append(f"{info.filename},{_record_hash(data)},{len(data)}")
             for name, data in sorted(added.items()):

@@ -17,14 +17,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-import torch._inductor.config as inductor_config  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from torch._dynamo.utils import counters  # noqa: E402
-from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning  # noqa: E402
+import torch
+import torch._inductor.config as inductor_config
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
 
-from test_collective_autotuning import (  # noqa: E402
-    COLS, DELAY_MS, NRUNS, NWARMUP, RAN, ROWS, SLOW_MS, all_reduce_direct, all_reduce_op, all_reduce_rs_ag,
+from test_collective_autotuning import (
+    COLS,
+    DELAY_MS,
+    NRUNS,
+    NWARMUP,
+    RAN,
+    ROWS,
+    SLOW_MS,
+    all_reduce_direct,
+    all_reduce_op,
+    all_reduce_rs_ag,
 )
 
 TIMEOUT_S = 10.0
@@ -37,11 +49,17 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     register_custom_op_autotuning(
-        all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
+        all_reduce_op,
+        configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)],
     )
-    DELAY_MS.update({"default": SLOW_MS, "direct": SLOW_MS})  # rs_ag wins when benchmarked
+    DELAY_MS.update(
+        {"default": SLOW_MS, "direct": SLOW_MS}
+    )  # rs_ag wins when benchmarked
     x = (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * rank).view(ROWS, COLS)
-    expected = sum((torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS) for r in range(world))
+    expected = sum(
+        (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS)
+        for r in range(world)
+    )
     report: dict = {"rank": rank, "node": os.environ["NODE_TAG"]}
     try:
         with inductor_config.patch(

@@ -47,7 +47,10 @@ import torch
 import torch.distributed as dist
 import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
-from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.testing._internal.common_distributed import MultiProcessTestCase
 from torch.testing._internal.common_utils import run_tests
@@ -89,7 +92,13 @@ class Fault:
     this process).
     """
 
-    def __init__(self, kind: str, ranks: str | list[int], call: int = 0, seconds: float | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        ranks: str | list[int],
+        call: int = 0,
+        seconds: float | None = None,
+    ) -> None:
         self.kind, self.ranks, self.call = kind, ranks, call
         self.seconds = FAULT_TIMEOUT_S + 1 if seconds is None else seconds
 
@@ -116,7 +125,9 @@ def probe(x: torch.Tensor, impl: str) -> torch.Tensor:
         if fault.kind == "stall":
             time.sleep(fault.seconds)
         if fault.kind == "wedge":
-            ctypes.PyDLL(None).sleep(int(fault.seconds))  # libc sleep(), the GIL held throughout
+            ctypes.PyDLL(None).sleep(
+                int(fault.seconds)
+            )  # libc sleep(), the GIL held throughout
         if fault.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
     delay = DELAY_MS.get(impl, 0.0)
@@ -169,7 +180,9 @@ def all_reduce_direct(x):
 
 def all_reduce_rs_ag(x):
     world = dist.get_world_size()
-    shard = _wait(funcol.reduce_scatter_tensor(probe(x, "rs_ag"), "sum", world, _group_name()))
+    shard = _wait(
+        funcol.reduce_scatter_tensor(probe(x, "rs_ag"), "sum", world, _group_name())
+    )
     return _wait(funcol.all_gather_into_tensor(shard, world, _group_name()))
 
 
@@ -188,7 +201,11 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 def all_gather_direct(x):
-    return _wait(funcol.all_gather_into_tensor(probe(x, "direct"), dist.get_world_size(), _group_name()))
+    return _wait(
+        funcol.all_gather_into_tensor(
+            probe(x, "direct"), dist.get_world_size(), _group_name()
+        )
+    )
 
 
 def all_gather_via_all_to_all(x):
@@ -214,7 +231,9 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 def reduce_scatter_direct(x):
     world = dist.get_world_size()
-    return _wait(funcol.reduce_scatter_tensor(probe(x, "direct"), "sum", world, _group_name()))
+    return _wait(
+        funcol.reduce_scatter_tensor(probe(x, "direct"), "sum", world, _group_name())
+    )
 
 
 def reduce_scatter_via_all_to_all(x):
@@ -249,7 +268,9 @@ def all_to_all_two_halves(x):
     shards = x.view(world, 2, x.shape[0] // (2 * world), *x.shape[1:])
     first = _all_to_all(shards[:, 0].contiguous())
     second = _all_to_all(shards[:, 1].contiguous())
-    return torch.stack([first.view_as(shards[:, 0]), second.view_as(shards[:, 1])], dim=1).view_as(x)
+    return torch.stack(
+        [first.view_as(shards[:, 0]), second.view_as(shards[:, 1])], dim=1
+    ).view_as(x)
 
 
 def _expected(kind: str, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
@@ -265,14 +286,26 @@ def _expected(kind: str, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
 
 # kind -> (op, [(impl name, decomposition)], expected winner)
 CASES = {
-    "all_reduce": (all_reduce_op, [("direct", all_reduce_direct), ("rs_ag", all_reduce_rs_ag)], "rs_ag"),
-    "all_gather": (all_gather_op, [("direct", all_gather_direct), ("a2a", all_gather_via_all_to_all)], "default"),
+    "all_reduce": (
+        all_reduce_op,
+        [("direct", all_reduce_direct), ("rs_ag", all_reduce_rs_ag)],
+        "rs_ag",
+    ),
+    "all_gather": (
+        all_gather_op,
+        [("direct", all_gather_direct), ("a2a", all_gather_via_all_to_all)],
+        "default",
+    ),
     "reduce_scatter": (
         reduce_scatter_op,
         [("direct", reduce_scatter_direct), ("a2a_sum", reduce_scatter_via_all_to_all)],
         "a2a_sum",
     ),
-    "all_to_all": (all_to_all_op, [("direct", all_to_all_direct), ("halves", all_to_all_two_halves)], "direct"),
+    "all_to_all": (
+        all_to_all_op,
+        [("direct", all_to_all_direct), ("halves", all_to_all_two_halves)],
+        "direct",
+    ),
 }
 
 
@@ -295,7 +328,9 @@ def tp_all_reduce_direct(x, group_name):
 
 def tp_all_reduce_rs_ag(x, group_name):
     size = _resolve_process_group(group_name).size()
-    shard = _wait(funcol.reduce_scatter_tensor(probe(x, "rs_ag"), "sum", size, group_name))
+    shard = _wait(
+        funcol.reduce_scatter_tensor(probe(x, "rs_ag"), "sum", size, group_name)
+    )
     return _wait(funcol.all_gather_into_tensor(shard, size, group_name))
 
 
@@ -343,15 +378,23 @@ class SpawnedRanksTestCase(MultiProcessTestCase):
     def setUp(self):
         super().setUp()
         if self._testMethodName in self.KILLS_A_RANK:
-            self.skip_return_code_checks.append(getattr(type(self), self._testMethodName).__get__(self))
+            self.skip_return_code_checks.append(
+                getattr(type(self), self._testMethodName).__get__(self)
+            )
         if CACHE_ROOT_ENV not in os.environ:  # the rank processes inherit it
-            os.environ[CACHE_ROOT_ENV] = tempfile.mkdtemp(prefix="collective-tests-inductor-")
-            atexit.register(shutil.rmtree, os.environ[CACHE_ROOT_ENV], ignore_errors=True)
+            os.environ[CACHE_ROOT_ENV] = tempfile.mkdtemp(
+                prefix="collective-tests-inductor-"
+            )
+            atexit.register(
+                shutil.rmtree, os.environ[CACHE_ROOT_ENV], ignore_errors=True
+            )
         self._spawn_processes()
 
     def _init_process_group(self) -> None:
         store = dist.FileStore(self.file_name, self.world_size)
-        dist.init_process_group(self.backend, store=store, rank=self.rank, world_size=self.world_size)
+        dist.init_process_group(
+            self.backend, store=store, rank=self.rank, world_size=self.world_size
+        )
         # Caches on, as users run them, in a cache directory per rank (as on
         # separate nodes) that the run's tests share: compiled kernels are
         # reused.  What holds collective decisions starts empty in every test,
@@ -395,7 +438,9 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         the second call, its result and how long the compiling call took.
         Faults apply to the compiling call only.
         """
-        register_custom_op_autotuning(op, configs=[CustomOpConfig(fn) for _, fn in decompositions])
+        register_custom_op_autotuning(
+            op, configs=[CustomOpConfig(fn) for _, fn in decompositions]
+        )
 
         def program(x):
             return op(x) + 1
@@ -417,28 +462,47 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
     def _assert_agreed_winner(self, ran_here: list[str], winner: str) -> None:
         ran_everywhere: list = [None] * self.world_size
         dist.all_gather_object(ran_everywhere, ran_here)
-        self.assertEqual(ran_here, [winner], f"rank {self.rank} ran {ran_here}, expected [{winner!r}]")
+        self.assertEqual(
+            ran_here,
+            [winner],
+            f"rank {self.rank} ran {ran_here}, expected [{winner!r}]",
+        )
         self.assertEqual(ran_everywhere, [[winner]] * self.world_size)
 
     def _check_autotuned(self, kind: str) -> None:
         device = self._init_rank()
         op, decompositions, winner = CASES[kind]
         DELAY_MS.clear()
-        DELAY_MS.update({name: SLOW_MS for name in ["default", *dict(decompositions)] if name != winner})
-        ran_while_compiling, ran_here, result, _ = self._autotune(op, decompositions, device)
+        DELAY_MS.update(
+            {
+                name: SLOW_MS
+                for name in ["default", *dict(decompositions)]
+                if name != winner
+            }
+        )
+        ran_while_compiling, ran_here, result, _ = self._autotune(
+            op, decompositions, device
+        )
 
         # Lock-step: every candidate ran warmup + timed runs on this rank (the
         # winner once more, as the first call's result); checked on every rank.
         self.assertEqual(
             dict(ran_while_compiling),
-            {name: NWARMUP + NRUNS + (name == winner) for name in ["default", *dict(decompositions)]},
+            {
+                name: NWARMUP + NRUNS + (name == winner)
+                for name in ["default", *dict(decompositions)]
+            },
         )
         self._assert_agreed_winner(ran_here, winner)
         inputs = [self._input(r, device) for r in range(self.world_size)]
-        torch.testing.assert_close(result, _expected(kind, inputs, self.rank) + 1, rtol=0, atol=0)
+        torch.testing.assert_close(
+            result, _expected(kind, inputs, self.rank) + 1, rtol=0, atol=0
+        )
         dist.destroy_process_group()
 
-    def _check_faulty(self, faults: dict[str, Fault], fast: list[str], winner: str, **config_patches):
+    def _check_faulty(
+        self, faults: dict[str, Fault], fast: list[str], winner: str, **config_patches
+    ):
         """Autotune all_reduce among faulty candidates and healthy ones; ``winner`` must win.
 
         Candidates in ``fast`` (the faulty ones, typically) have no delay, so
@@ -450,9 +514,14 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         if "good" not in names:
             names.append("good")
         wrong = {name for name, fault in faults.items() if fault.kind == "wrong"}
-        decompositions = [(name, all_reduce_candidate(name, probe_after=name in wrong)) for name in names]
+        decompositions = [
+            (name, all_reduce_candidate(name, probe_after=name in wrong))
+            for name in names
+        ]
         DELAY_MS.clear()
-        DELAY_MS.update({name: SLOW_MS for name in ["default", *names] if name not in fast})
+        DELAY_MS.update(
+            {name: SLOW_MS for name in ["default", *names] if name not in fast}
+        )
         DELAY_MS[winner] = SLOW_MS / 5
         FAULTS.clear()
         FAULTS.update(faults)
@@ -466,7 +535,9 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         self.assertLess(seconds, HANG_BOUND_S)
         self._assert_agreed_winner(ran_here, winner)
         inputs = [self._input(r, device) for r in range(self.world_size)]
-        torch.testing.assert_close(result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0)
+        torch.testing.assert_close(
+            result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0
+        )
         dist.destroy_process_group()
         return ran_while_compiling
 
@@ -509,11 +580,15 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
 
     def test_stall_past_timeout_is_retried(self):
         faults = {"stalls": Fault("stall", [self.world_size - 1], call=NWARMUP + 2)}
-        ran = self._check_faulty(faults, fast=["stalls"], winner="stalls", collective_benchmark_retries=1)
+        ran = self._check_faulty(
+            faults, fast=["stalls"], winner="stalls", collective_benchmark_retries=1
+        )
         self.assertGreater(ran["stalls"], NWARMUP + NRUNS + 1)  # a second round ran
 
     def test_every_candidate_failing_falls_back_to_default(self):
-        faults = {name: Fault("raise", [0], call=1) for name in ("default", "first", "good")}
+        faults = {
+            name: Fault("raise", [0], call=1) for name in ("default", "first", "good")
+        }
         self._check_faulty(faults, fast=["first", "good"], winner="default")
 
     def test_killed_rank_is_reported_by_every_healthy_rank(self):
@@ -521,12 +596,18 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         last = self.world_size - 1
         FAULTS["doomed"] = Fault("kill", [last], call=NWARMUP + 1)
         register_custom_op_autotuning(
-            all_reduce_op, configs=[CustomOpConfig(all_reduce_candidate("doomed")), CustomOpConfig(all_reduce_direct)]
+            all_reduce_op,
+            configs=[
+                CustomOpConfig(all_reduce_candidate("doomed")),
+                CustomOpConfig(all_reduce_direct),
+            ],
         )
         with tuning_config(self.DEFER, collective_benchmark_timeout=FAULT_TIMEOUT_S):
             compiled = torch.compile(lambda x: all_reduce_op(x) + 1)
             start = time.monotonic()
-            with self.assertRaisesRegex(Exception, rf"ranks \[{last}\] .*did not reach failure agreement"):
+            with self.assertRaisesRegex(
+                Exception, rf"ranks \[{last}\] .*did not reach failure agreement"
+            ):
                 compiled(self._input(self.rank, device))
         # Reported within the timeout plus slack, not after the group's own
         # (30 minute) timeout; the bound is generous for 2 busy cores.
@@ -554,32 +635,47 @@ class CollectiveAutotuningGroupsTests:
         group = groups[index]
         winner = self.WINNERS[index]
         DELAY_MS.clear()
-        DELAY_MS.update({name: SLOW_MS for name in ("default", "direct", "rs_ag") if name != winner})
+        DELAY_MS.update(
+            {name: SLOW_MS for name in ("default", "direct", "rs_ag") if name != winner}
+        )
         register_custom_op_autotuning(
             tp_all_reduce_op,
-            configs=[CustomOpConfig(tp_all_reduce_direct), CustomOpConfig(tp_all_reduce_rs_ag)],
+            configs=[
+                CustomOpConfig(tp_all_reduce_direct),
+                CustomOpConfig(tp_all_reduce_rs_ag),
+            ],
         )
         x = torch.full((ROWS, COLS), float(self.rank + 1))
         if index == 1:
             time.sleep(2 * self.TIMEOUT_S)
         with tuning_config(self.DEFER, collective_benchmark_timeout=self.TIMEOUT_S):
-            compiled = torch.compile(lambda x: tp_all_reduce_op(x, group.group_name) + 1)
+            compiled = torch.compile(
+                lambda x: tp_all_reduce_op(x, group.group_name) + 1
+            )
             compiled(x)
             RAN.clear()
             result = compiled(x)
         ran_everywhere: list = [None] * self.world_size
         dist.all_gather_object(ran_everywhere, list(RAN))
-        self.assertEqual(ran_everywhere, [[self.WINNERS[r // 2]] for r in range(self.world_size)])
+        self.assertEqual(
+            ran_everywhere, [[self.WINNERS[r // 2]] for r in range(self.world_size)]
+        )
         members = (0, 1) if index == 0 else (2, 3)
-        torch.testing.assert_close(result, torch.full((ROWS, COLS), float(sum(r + 1 for r in members) + 1)))
+        torch.testing.assert_close(
+            result, torch.full((ROWS, COLS), float(sum(r + 1 for r in members) + 1))
+        )
         dist.destroy_process_group()
 
 
-class CollectiveAutotuningGroupsTestV1(CollectiveAutotuningGroupsTests, SpawnedRanksTestCase):
+class CollectiveAutotuningGroupsTestV1(
+    CollectiveAutotuningGroupsTests, SpawnedRanksTestCase
+):
     DEFER = False
 
 
-class CollectiveAutotuningGroupsTestV2(CollectiveAutotuningGroupsTests, SpawnedRanksTestCase):
+class CollectiveAutotuningGroupsTestV2(
+    CollectiveAutotuningGroupsTests, SpawnedRanksTestCase
+):
     DEFER = True
 
 
@@ -592,7 +688,12 @@ for _world_size in (2, 3, 4):
             globals()[_name] = type(
                 _name,
                 (CollectiveAutotuningTestBase,),
-                {"WORLD_SIZE": _world_size, "backend": _backend, "DEFER": _defer, "__module__": __name__},
+                {
+                    "WORLD_SIZE": _world_size,
+                    "backend": _backend,
+                    "DEFER": _defer,
+                    "__module__": __name__,
+                },
             )
 
 
@@ -603,16 +704,26 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
     TIMEOUT = datetime.timedelta(seconds=3)
 
     def _benchmarker(self):
-        from torch._inductor.runtime.collective_benchmarking import CollectiveBenchmarkConfig, CollectiveBenchmarker
+        from torch._inductor.runtime.collective_benchmarking import (
+            CollectiveBenchmarkConfig,
+            CollectiveBenchmarker,
+        )
 
         self._init_process_group()
-        return CollectiveBenchmarker(None, CollectiveBenchmarkConfig(timeout=self.TIMEOUT, nwarmup=1, nruns=1))
+        return CollectiveBenchmarker(
+            None, CollectiveBenchmarkConfig(timeout=self.TIMEOUT, nwarmup=1, nruns=1)
+        )
 
     def test_ranks_tuning_different_ops_fail_together(self):
-        from torch._inductor.runtime.collective_benchmarking import Candidate, CollectiveBenchmarkError
+        from torch._inductor.runtime.collective_benchmarking import (
+            Candidate,
+            CollectiveBenchmarkError,
+        )
 
         benchmarker = self._benchmarker()
-        candidate = Candidate("c", lambda: _wait(funcol.all_reduce(torch.ones(2), "sum", _group_name())))
+        candidate = Candidate(
+            "c", lambda: _wait(funcol.all_reduce(torch.ones(2), "sum", _group_name()))
+        )
         with self.assertRaisesRegex(CollectiveBenchmarkError, "not tuning the same op"):
             benchmarker.run([candidate], key=f"op shapes on rank {self.rank}")
         dist.destroy_process_group()
@@ -630,27 +741,46 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
 
             return cb.Candidate(name, fn, is_default)
 
-        op = cb.OpToTune("op", [candidate("default", True), candidate("other")], memo_key="op measured alone")
+        op = cb.OpToTune(
+            "op",
+            [candidate("default", True), candidate("other")],
+            memo_key="op measured alone",
+        )
         first = benchmarker.run_batch([op])[0]
         if self.rank == 1:  # as after a restart with an empty cache: nothing remembered
             cb._remembered.clear()
-            shutil.rmtree(os.path.join(os.environ["TORCHINDUCTOR_CACHE_DIR"], "collective_decisions"))
+            shutil.rmtree(
+                os.path.join(
+                    os.environ["TORCHINDUCTOR_CACHE_DIR"], "collective_decisions"
+                )
+            )
         ran.clear()
         counters.clear()
         second = benchmarker.run_batch([op])[0]
         # Rank 0's decision was agreed by the whole group: rank 1 adopts it,
         # nobody benchmarks.
         self.assertEqual(dict(ran), {})
-        self.assertEqual((counters["collective_autotuning"]["ops"], counters["collective_autotuning"]["recalled"]), (0, 1))
+        self.assertEqual(
+            (
+                counters["collective_autotuning"]["ops"],
+                counters["collective_autotuning"]["recalled"],
+            ),
+            (0, 1),
+        )
         self.assertEqual((second.winner, second.results), (first.winner, first.results))
         self.assertIn("adopted by every rank", second.reason)
         decisions: list = [None] * self.world_size
-        dist.all_gather_object(decisions, (second.winner, [r.time_ms for r in second.results]))
+        dist.all_gather_object(
+            decisions, (second.winner, [r.time_ms for r in second.results])
+        )
         self.assertEqual(len({repr(d) for d in decisions}), 1)
         dist.destroy_process_group()
 
     def test_sync_with_timeout_raises_when_a_rank_is_late(self):
-        from torch._inductor.runtime.collective_benchmarking import CollectiveBenchmarkTimeout, sync_with_timeout
+        from torch._inductor.runtime.collective_benchmarking import (
+            CollectiveBenchmarkTimeout,
+            sync_with_timeout,
+        )
 
         self._init_process_group()
         if self.rank == 1:
@@ -660,14 +790,21 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
             sync_with_timeout(None, self.TIMEOUT)
 
     def test_rank_that_never_joins_is_named(self):
-        from torch._inductor.runtime.collective_benchmarking import Candidate, CollectiveBenchmarkError
+        from torch._inductor.runtime.collective_benchmarking import (
+            Candidate,
+            CollectiveBenchmarkError,
+        )
 
         benchmarker = self._benchmarker()
         if self.rank == 1:
-            time.sleep(2 * self.TIMEOUT.total_seconds())  # "compiling something else" past the timeout
+            time.sleep(
+                2 * self.TIMEOUT.total_seconds()
+            )  # "compiling something else" past the timeout
             return
         start = time.monotonic()
-        with self.assertRaisesRegex(CollectiveBenchmarkError, r"ranks \[1\] of group .* did not reach the start"):
+        with self.assertRaisesRegex(
+            CollectiveBenchmarkError, r"ranks \[1\] of group .* did not reach the start"
+        ):
             benchmarker.run([Candidate("c", lambda: torch.ones(1))], key="op")
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 

@@ -43,7 +43,10 @@ import time
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
-from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
 from torch.testing._internal.common_utils import run_tests
@@ -101,7 +104,9 @@ def broadcast_sum_fused_tail(x, width):
 def register_direct_and_rs_ag(**kwargs) -> None:
     """Register all_reduce_op's two implementations, direct and reduce_scatter + all_gather."""
     register_custom_op_autotuning(
-        all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)], **kwargs
+        all_reduce_op,
+        configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)],
+        **kwargs,
     )
 
 
@@ -136,10 +141,16 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
         tp_group = dist.new_group(list(range(self.world_size)))
         register_direct_and_rs_ag()
         register_custom_op_autotuning(
-            tp_all_reduce_op, configs=[CustomOpConfig(tp_all_reduce_direct), CustomOpConfig(tp_all_reduce_rs_ag)]
+            tp_all_reduce_op,
+            configs=[
+                CustomOpConfig(tp_all_reduce_direct),
+                CustomOpConfig(tp_all_reduce_rs_ag),
+            ],
         )
         DELAY_MS.clear()
-        DELAY_MS.update({"default": SLOW_MS, "direct": SLOW_MS})  # rs_ag wins everywhere
+        DELAY_MS.update(
+            {"default": SLOW_MS, "direct": SLOW_MS}
+        )  # rs_ag wins everywhere
 
         def program(x):
             a = all_reduce_op(x) + 1
@@ -174,8 +185,12 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
 
     def test_choice_weighs_the_fused_epilogue(self):
         self._init_process_group()
-        torch.set_num_threads(1)  # two ranks on two cores: timings without oversubscription
-        register_custom_op_autotuning(broadcast_sum_op, configs=[CustomOpConfig(broadcast_sum_fused_tail)])
+        torch.set_num_threads(
+            1
+        )  # two ranks on two cores: timings without oversubscription
+        register_custom_op_autotuning(
+            broadcast_sum_op, configs=[CustomOpConfig(broadcast_sum_fused_tail)]
+        )
         DELAY_MS.clear()
         DELAY_MS["fused_tail"] = FUSED_TAIL_MS
         bias = torch.linspace(-3 * self.world_size, 3 * self.world_size, WIDTH)
@@ -183,8 +198,14 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
         def program(x):
             return torch.relu(broadcast_sum_op(x, WIDTH) + bias)
 
-        x = torch.arange(ROWS, dtype=torch.float32).view(ROWS, 1) * (self.rank + 1) / ROWS
-        expected = torch.relu(x / (self.rank + 1) * sum(r + 1 for r in range(self.world_size)) + bias)
+        x = (
+            torch.arange(ROWS, dtype=torch.float32).view(ROWS, 1)
+            * (self.rank + 1)
+            / ROWS
+        )
+        expected = torch.relu(
+            x / (self.rank + 1) * sum(r + 1 for r in range(self.world_size)) + bias
+        )
         winners, codes = {}, {}
         for defer in (False, True):
             forget_decisions()
@@ -195,7 +216,9 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
                 compiled(x)
             torch.testing.assert_close(result, expected)
             (winners[defer],) = RAN
-            self.assertEqual(self._ran_everywhere(list(RAN)), [[winners[defer]]] * self.world_size)
+            self.assertEqual(
+                self._ran_everywhere(list(RAN)), [[winners[defer]]] * self.world_size
+            )
         self.assertEqual(winners, {False: "default", True: "fused_tail"})
         # The program's own module is compiled last, after the candidates'
         # benchmark modules.  V2: after the candidate's all_reduce, one kernel
@@ -204,13 +227,17 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
         v2_program, v1_program = codes[True][-1], codes[False][-1]
         FileCheck().check("def call").check("_c10d_functional.all_reduce_").check(
             "_c10d_functional.wait_tensor"
-        ).check_regex(r"cpp_fused_add_broadcast_sum_relu_\d+\(").check("return").run(v2_program)
+        ).check_regex(r"cpp_fused_add_broadcast_sum_relu_\d+\(").check("return").run(
+            v2_program
+        )
         call = v2_program[v2_program.index("def call") :]
         after_collective = call[call.index("wait_tensor") : call.index("return")]
-        self.assertEqual(len(re.findall(r"cpp_fused_\w+\(", after_collective)), 1, after_collective)
-        FileCheck().check("def call").check("collective_autotune_test.broadcast_sum.default(").check_regex(
-            r"cpp_fused_add_relu_\d+\("
-        ).run(v1_program)
+        self.assertEqual(
+            len(re.findall(r"cpp_fused_\w+\(", after_collective)), 1, after_collective
+        )
+        FileCheck().check("def call").check(
+            "collective_autotune_test.broadcast_sum.default("
+        ).check_regex(r"cpp_fused_add_relu_\d+\(").run(v1_program)
         dist.destroy_process_group()
 
     def test_choices_without_the_eager_fallback(self):
@@ -219,17 +246,23 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
         DELAY_MS.clear()
         DELAY_MS["direct"] = SLOW_MS
         x = torch.full((24, 8), float(self.rank + 1))
-        expected = torch.full((24, 8), float(sum(r + 1 for r in range(self.world_size)) + 1))
+        expected = torch.full(
+            (24, 8), float(sum(r + 1 for r in range(self.world_size)) + 1)
+        )
         for defer in (False, True):
             forget_decisions()
             with self._config(defer):
                 compiled = torch.compile(lambda x: all_reduce_op(x) + 1)
                 RAN.clear()
                 compiled(x)
-                self.assertEqual(sorted(set(RAN)), ["direct", "rs_ag"])  # the eager op is no candidate
+                self.assertEqual(
+                    sorted(set(RAN)), ["direct", "rs_ag"]
+                )  # the eager op is no candidate
                 RAN.clear()
                 result = compiled(x)
-            self.assertEqual(self._ran_everywhere(list(RAN)), [["rs_ag"]] * self.world_size)
+            self.assertEqual(
+                self._ran_everywhere(list(RAN)), [["rs_ag"]] * self.world_size
+            )
             torch.testing.assert_close(result, expected, rtol=0, atol=0)
         dist.destroy_process_group()
 
@@ -257,15 +290,22 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
             compiled(x, small)
             self.assertEqual(counters["collective_autotuning"]["ops"], 2)
             self.assertEqual(counters["collective_autotuning"]["shared"], 2)
-            ran_while_compiling = {name: RAN.count(name) for name in ("default", "direct", "rs_ag")}
+            ran_while_compiling = {
+                name: RAN.count(name) for name in ("default", "direct", "rs_ag")
+            }
             RAN.clear()
             result, small_result = compiled(x, small)
         per_op = NWARMUP + NRUNS
         # Two ops benchmarked; the compiling call then runs rs_ag for all four nodes.
-        self.assertEqual(ran_while_compiling, {"default": 2 * per_op, "direct": 2 * per_op, "rs_ag": 2 * per_op + 4})
+        self.assertEqual(
+            ran_while_compiling,
+            {"default": 2 * per_op, "direct": 2 * per_op, "rs_ag": 2 * per_op + 4},
+        )
         self.assertEqual(self._ran_everywhere(list(RAN)), [["rs_ag"] * 4] * world)
         torch.testing.assert_close(result, expected, rtol=0, atol=0)
-        torch.testing.assert_close(small_result, torch.full((12, 8), float(sum(r + 1 for r in range(world)))))
+        torch.testing.assert_close(
+            small_result, torch.full((12, 8), float(sum(r + 1 for r in range(world))))
+        )
         dist.destroy_process_group()
 
     def test_decisions_are_shared_within_a_process(self):
@@ -273,7 +313,9 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
         register_direct_and_rs_ag()
         DELAY_MS.clear()
         DELAY_MS.update({"default": SLOW_MS, "rs_ag": SLOW_MS})  # direct wins
-        expected = torch.full((24, 8), float(sum(r + 1 for r in range(self.world_size))))
+        expected = torch.full(
+            (24, 8), float(sum(r + 1 for r in range(self.world_size)))
+        )
         for first, second, shape in ((False, True, (24, 8)), (True, False, (16, 8))):
             x = torch.full(shape, float(self.rank + 1))
             ran = {}
@@ -288,14 +330,22 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
                     ran[defer] = (list(RAN), dict(counters["collective_autotuning"]))
                     RAN.clear()
                     result = compiled(x)
-                self.assertEqual(self._ran_everywhere(list(RAN)), [["direct"]] * self.world_size)
+                self.assertEqual(
+                    self._ran_everywhere(list(RAN)), [["direct"]] * self.world_size
+                )
                 torch.testing.assert_close(result, expected[: shape[0]], rtol=0, atol=0)
             first_ran, first_counts = ran[first]
             second_ran, second_counts = ran[second]
-            self.assertEqual((first_counts["ops"], first_counts.get("recalled", 0)), (1, 0))
+            self.assertEqual(
+                (first_counts["ops"], first_counts.get("recalled", 0)), (1, 0)
+            )
             self.assertGreater(len(first_ran), 3 * NWARMUP)
-            self.assertEqual((second_counts.get("ops", 0), second_counts["recalled"]), (0, 1))
-            self.assertEqual(second_ran, ["direct"])  # only the compiling call's own run
+            self.assertEqual(
+                (second_counts.get("ops", 0), second_counts["recalled"]), (0, 1)
+            )
+            self.assertEqual(
+                second_ran, ["direct"]
+            )  # only the compiling call's own run
         dist.destroy_process_group()
 
     def test_mismatched_node_lists_fail_on_every_rank(self):
@@ -310,10 +360,13 @@ class DeferredCollectiveAutotuningTest(SpawnedRanksTestCase):
             return all_reduce_op(x) + 1
 
         start = time.monotonic()
-        with self._config(True), self.assertRaisesRegex(
-            Exception,
-            r"not tuning the same ops \(op counts by rank: \[1, 1\]; they first differ at op 0; on this rank it is "
-            r".*the group's collective nodes \[0(, 1)?\]",
+        with (
+            self._config(True),
+            self.assertRaisesRegex(
+                Exception,
+                r"not tuning the same ops \(op counts by rank: \[1, 1\]; they first differ at op 0; on this rank it is "
+                r".*the group's collective nodes \[0(, 1)?\]",
+            ),
         ):
             torch.compile(two_ops if self.rank == 0 else one_op)(torch.ones(24, 8))
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)

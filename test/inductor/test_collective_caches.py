@@ -40,7 +40,10 @@ import torch
 import torch.distributed as dist
 import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
-from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
 from torch._inductor.runtime import collective_benchmarking
 from torch._inductor.runtime.collective_control import HEARTBEAT_INTERVAL_S
 from torch.testing._internal.common_utils import run_tests
@@ -62,7 +65,10 @@ from test_collective_autotuning import (
 )
 
 TIMEOUT_S = 5.0
-WINNER_DELAYS = {"direct": {"default": SLOW_MS, "rs_ag": SLOW_MS}, "rs_ag": {"default": SLOW_MS, "direct": SLOW_MS}}
+WINNER_DELAYS = {
+    "direct": {"default": SLOW_MS, "rs_ag": SLOW_MS},
+    "rs_ag": {"default": SLOW_MS, "direct": SLOW_MS},
+}
 
 
 def settings(**patches):
@@ -92,16 +98,26 @@ class CollectiveCachesTest(SpawnedRanksTestCase):
         self.cache_dir = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
 
     def _x(self) -> torch.Tensor:
-        return (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * self.rank).view(ROWS, COLS)
+        return (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * self.rank).view(
+            ROWS, COLS
+        )
 
     def _expected(self) -> torch.Tensor:
-        total = sum((torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS)
-                    for r in range(self.world_size))
+        total = sum(
+            (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS)
+            for r in range(self.world_size)
+        )
         return total + 1
 
-    def _compile_and_run(self, winner_delays: str | None = None, configs=(all_reduce_direct, all_reduce_rs_ag)):
+    def _compile_and_run(
+        self,
+        winner_delays: str | None = None,
+        configs=(all_reduce_direct, all_reduce_rs_ag),
+    ):
         """Register, compile, run twice; what ran while compiling and after, and the counters."""
-        register_custom_op_autotuning(all_reduce_op, configs=[CustomOpConfig(fn) for fn in configs])
+        register_custom_op_autotuning(
+            all_reduce_op, configs=[CustomOpConfig(fn) for fn in configs]
+        )
         DELAY_MS.clear()
         DELAY_MS.update(WINNER_DELAYS.get(winner_delays, {}))
         with settings():
@@ -116,7 +132,9 @@ class CollectiveCachesTest(SpawnedRanksTestCase):
         torch.testing.assert_close(result, self._expected(), rtol=0, atol=0)
         everywhere: list = [None] * self.world_size
         dist.all_gather_object(everywhere, list(RAN))
-        self.assertEqual(len({tuple(ran) for ran in everywhere}), 1, f"ranks ran {everywhere}")
+        self.assertEqual(
+            len({tuple(ran) for ran in everywhere}), 1, f"ranks ran {everywhere}"
+        )
         self.assertLess(seconds, HANG_BOUND_S)
         return while_compiling, list(RAN), dict(counters["collective_autotuning"])
 
@@ -133,13 +151,23 @@ class CollectiveCachesTest(SpawnedRanksTestCase):
         while_compiling, ran, _ = self._compile_and_run("rs_ag")
         self.assertEqual(ran, ["rs_ag"])
         restart()
-        while_compiling, ran, stats = self._compile_and_run("direct", configs=(all_reduce_direct,))
-        self.assertNotIn("rs_ag", while_compiling + ran)  # the removed implementation never runs
-        self.assertGreaterEqual(while_compiling.count("direct"), NWARMUP + NRUNS)  # benchmarked again
+        while_compiling, ran, stats = self._compile_and_run(
+            "direct", configs=(all_reduce_direct,)
+        )
+        self.assertNotIn(
+            "rs_ag", while_compiling + ran
+        )  # the removed implementation never runs
+        self.assertGreaterEqual(
+            while_compiling.count("direct"), NWARMUP + NRUNS
+        )  # benchmarked again
         self.assertEqual(ran, ["direct"])
         restart()
-        while_compiling, ran, stats = self._compile_and_run("direct", configs=(all_reduce_direct,))
-        self.assertEqual(while_compiling, ["direct"])  # taken from the cache: nothing benchmarked
+        while_compiling, ran, stats = self._compile_and_run(
+            "direct", configs=(all_reduce_direct,)
+        )
+        self.assertEqual(
+            while_compiling, ["direct"]
+        )  # taken from the cache: nothing benchmarked
         self.assertEqual(stats.get("replayed_sessions"), 1)
         dist.destroy_process_group()
 
@@ -147,7 +175,9 @@ class CollectiveCachesTest(SpawnedRanksTestCase):
         self._init_process_group()
         _, ran, _ = self._compile_and_run("rs_ag")
         restart()
-        while_compiling, ran_again, stats = self._compile_and_run("direct")  # other delays: a cache hit ignores them
+        while_compiling, ran_again, stats = self._compile_and_run(
+            "direct"
+        )  # other delays: a cache hit ignores them
         self.assertEqual((while_compiling, ran_again), (["rs_ag"], ["rs_ag"]))
         self.assertEqual((stats.get("replayed_sessions"), stats.get("ops", 0)), (1, 0))
         dist.destroy_process_group()
@@ -201,7 +231,11 @@ class RecompileTest(SpawnedRanksTestCase):
 
     def _program(self):
         register_custom_op_autotuning(
-            all_reduce_op, configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)]
+            all_reduce_op,
+            configs=[
+                CustomOpConfig(all_reduce_direct),
+                CustomOpConfig(all_reduce_rs_ag),
+            ],
         )
         DELAY_MS.clear()
         DELAY_MS.update(WINNER_DELAYS["rs_ag"])
@@ -216,12 +250,17 @@ class RecompileTest(SpawnedRanksTestCase):
             # The guard on n fails on rank 0 only: it alone compiles again.
             if self.rank == 0:
                 start = time.monotonic()
-                with self.assertRaisesRegex(Exception, r"this rank recompiled alone .*set_enable_guard_collectives"):
+                with self.assertRaisesRegex(
+                    Exception,
+                    r"this rank recompiled alone .*set_enable_guard_collectives",
+                ):
                     compiled(x, 2)
                 self.assertLess(time.monotonic() - start, TIMEOUT_S + 15)
                 dist.destroy_process_group()  # frees the peer, blocked in the compiled all_reduce
             else:
-                with self.assertLogs("torch._inductor.runtime.collective_control", "ERROR") as logs:
+                with self.assertLogs(
+                    "torch._inductor.runtime.collective_control", "ERROR"
+                ) as logs:
                     with self.assertRaises(RuntimeError):
                         compiled(x, 1)
                     # The heartbeat thread logs the verdict at its next beat,
@@ -243,7 +282,10 @@ class RecompileTest(SpawnedRanksTestCase):
         everywhere: list = [None] * world
         dist.all_gather_object(everywhere, ran_here[-1:])
         self.assertEqual(everywhere, [["rs_ag"]] * world)
-        self.assertEqual(result, torch.full((ROWS, COLS), float(world * (2 if self.rank == 0 else 1))))
+        self.assertEqual(
+            result,
+            torch.full((ROWS, COLS), float(world * (2 if self.rank == 0 else 1))),
+        )
         torch.compiler.set_enable_guard_collectives(False)
         dist.destroy_process_group()
 

@@ -33,7 +33,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from hypothesis import given, settings, strategies as st
-from torch._inductor.runtime import collective_benchmarking as cb, collective_decisions as cd
+from torch._inductor.runtime import (
+    collective_benchmarking as cb,
+    collective_decisions as cd,
+)
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 OK, PEER, TIMEOUT, WRONG, RAISED = (
@@ -44,7 +47,9 @@ OK, PEER, TIMEOUT, WRONG, RAISED = (
     cb.CandidateStatus.RAISED,
 )
 times_strategy = st.lists(
-    st.one_of(st.floats(min_value=1e-3, max_value=1e3), st.just(math.inf)), min_size=1, max_size=8
+    st.one_of(st.floats(min_value=1e-3, max_value=1e3), st.just(math.inf)),
+    min_size=1,
+    max_size=8,
 )
 
 
@@ -65,11 +70,15 @@ class TestPickWinner(TestCase):
         self.assertIsNone(cb.pick_winner([], tie_tolerance=0.02))
 
     def test_disqualified_candidates_never_win(self):
-        self.assertEqual(cb.pick_winner([math.inf, 9.0, math.inf], tie_tolerance=0.02), 1)
+        self.assertEqual(
+            cb.pick_winner([math.inf, 9.0, math.inf], tie_tolerance=0.02), 1
+        )
 
     @settings(max_examples=300, deadline=None)
     @given(times=times_strategy, tolerance=st.floats(min_value=0.0, max_value=0.5))
-    def test_winner_is_the_first_within_tolerance_of_the_fastest(self, times, tolerance):
+    def test_winner_is_the_first_within_tolerance_of_the_fastest(
+        self, times, tolerance
+    ):
         winner = cb.pick_winner(times, tolerance)
         finite = [t for t in times if math.isfinite(t)]
         if not finite:
@@ -78,13 +87,18 @@ class TestPickWinner(TestCase):
         fastest = min(finite)
         self.assertLessEqual(times[winner], fastest * (1 + tolerance))
         for earlier in times[:winner]:
-            self.assertFalse(math.isfinite(earlier) and earlier <= fastest * (1 + tolerance))
+            self.assertFalse(
+                math.isfinite(earlier) and earlier <= fastest * (1 + tolerance)
+            )
 
     @settings(max_examples=200, deadline=None)
     @given(times=times_strategy, scale=st.floats(min_value=0.5, max_value=2.0))
     def test_winner_does_not_depend_on_the_unit(self, times, scale):
         # Ranks agree on the times, so only their ratios may decide.
-        self.assertEqual(cb.pick_winner(times, 0.02), cb.pick_winner([t * scale for t in times], 0.02))
+        self.assertEqual(
+            cb.pick_winner(times, 0.02),
+            cb.pick_winner([t * scale for t in times], 0.02),
+        )
 
 
 class FakeChoice:
@@ -96,12 +110,18 @@ class FakeChoice:
 
 class TestSelectWinner(TestCase):
     def choices(self):
-        return FakeChoice("first", gm=object()), FakeChoice("second", gm=object()), FakeChoice("default")
+        return (
+            FakeChoice("first", gm=object()),
+            FakeChoice("second", gm=object()),
+            FakeChoice("default"),
+        )
 
     def test_default_wins_a_near_tie_although_listed_last(self):
         first, second, default = self.choices()
         timings = {first: 1.0, second: 1.005, default: 1.01}
-        self.assertIs(cb.select_winner(timings, [first, second, default], 0.02), default)
+        self.assertIs(
+            cb.select_winner(timings, [first, second, default], 0.02), default
+        )
 
     def test_registration_order_breaks_ties_between_non_defaults(self):
         first, second, default = self.choices()
@@ -134,7 +154,11 @@ class TestFailureAgreement(TestCase):
     @settings(max_examples=200, deadline=None)
     @given(
         posts=st.lists(
-            st.tuples(st.integers(0, 1), st.sampled_from([PEER, TIMEOUT, WRONG, RAISED])), min_size=1, max_size=6
+            st.tuples(
+                st.integers(0, 1), st.sampled_from([PEER, TIMEOUT, WRONG, RAISED])
+            ),
+            min_size=1,
+            max_size=6,
         ),
         data=st.data(),
     )
@@ -143,7 +167,9 @@ class TestFailureAgreement(TestCase):
         shuffled = data.draw(st.permutations(texts))
         first, second = cd.earliest_failure(texts), cd.earliest_failure(shuffled)
         self.assertEqual(first[0], second[0])
-        self.assertEqual(max(r.status for r in first[1]), max(r.status for r in second[1]))
+        self.assertEqual(
+            max(r.status for r in first[1]), max(r.status for r in second[1])
+        )
         self.assertEqual(first[2], second[2])
 
 
@@ -155,7 +181,9 @@ class TestNoiseRules(TestCase):
     def test_sign_test(self):
         self.assertEqual(cd.sign_test_p_value([1.0] * 5), 1 / 32)
         self.assertEqual(cd.sign_test_p_value([1.0] * 4 + [-1.0]), 6 / 32)
-        self.assertEqual(cd.sign_test_p_value([1.0] * 5 + [0.0] * 3), 1 / 32)  # ties dropped
+        self.assertEqual(
+            cd.sign_test_p_value([1.0] * 5 + [0.0] * 3), 1 / 32
+        )  # ties dropped
         self.assertEqual(cd.sign_test_p_value([]), 1.0)
 
     @settings(max_examples=100, deadline=None)
@@ -164,7 +192,9 @@ class TestNoiseRules(TestCase):
         k = wins.draw(st.integers(0, n - 1))
         fewer = cd.sign_test_p_value([1.0] * k + [-1.0] * (n - k))
         more = cd.sign_test_p_value([1.0] * (k + 1) + [-1.0] * (n - k - 1))
-        self.assertLessEqual(more, fewer)  # strictly less in exact arithmetic; floats round 1 - 2**-54 to 1
+        self.assertLessEqual(
+            more, fewer
+        )  # strictly less in exact arithmetic; floats round 1 - 2**-54 to 1
 
     def test_a_faster_candidate_replaces_the_default(self):
         default = result("default", [10.0, 11.0, 10.5, 10.2, 10.8, 10.1])
@@ -180,7 +210,10 @@ class TestNoiseRules(TestCase):
         self.assertLess(candidate.time_ms, default.time_ms)
         index, reason = cd.decide([default, candidate], True, 0.02, 0.95)
         self.assertEqual(index, 0)
-        self.assertIn("the default stays: noisy was faster than the default in 4 of 6 runs", reason)
+        self.assertIn(
+            "the default stays: noisy was faster than the default in 4 of 6 runs",
+            reason,
+        )
         # Without a default there is nothing to protect: the fastest wins.
         self.assertEqual(cd.decide([candidate, default], False, 0.02, 0.95)[0], 0)
 
@@ -203,17 +236,27 @@ class TestNoiseRules(TestCase):
 
     def test_interleaved_order_is_shared_and_varies(self):
         orders = [cd.interleaved_order(4, f"op|{run}") for run in range(8)]
-        self.assertEqual(orders, [cd.interleaved_order(4, f"op|{run}") for run in range(8)])
+        self.assertEqual(
+            orders, [cd.interleaved_order(4, f"op|{run}") for run in range(8)]
+        )
         self.assertTrue(all(sorted(order) == [0, 1, 2, 3] for order in orders))
         self.assertGreater(len({tuple(order) for order in orders}), 1)
 
 
 class TestResultsAndScreening(TestCase):
     def test_candidate_result_is_the_median_of_each_runs_slowest_rank(self):
-        reports = (cd.RankReport(OK, (1.0, 5.0, 2.0)), cd.RankReport(OK, (3.0, 1.0, 2.5)))
+        reports = (
+            cd.RankReport(OK, (1.0, 5.0, 2.0)),
+            cd.RankReport(OK, (3.0, 1.0, 2.5)),
+        )
         combined = cd.CandidateResult("c", reports)
-        self.assertEqual((combined.status, combined.runs_ms, combined.time_ms), (OK, [3.0, 5.0, 2.5], 3.0))
-        failed = cd.CandidateResult("c", (cd.RankReport(OK, (1.0,)), cd.RankReport(WRONG, (0.5,))))
+        self.assertEqual(
+            (combined.status, combined.runs_ms, combined.time_ms),
+            (OK, [3.0, 5.0, 2.5], 3.0),
+        )
+        failed = cd.CandidateResult(
+            "c", (cd.RankReport(OK, (1.0,)), cd.RankReport(WRONG, (0.5,)))
+        )
         self.assertEqual((failed.status, failed.time_ms), (WRONG, math.inf))
 
     def test_screening_tolerances(self):
@@ -222,14 +265,27 @@ class TestResultsAndScreening(TestCase):
         self.assertFalse(cd.outputs_match(reference + 1e-3, reference))
         self.assertFalse(cd.outputs_match(torch.ones(4), reference))
         self.assertFalse(cd.outputs_match(None, reference))
-        self.assertTrue(cd.outputs_match(torch.ones(8), None))  # nothing to screen against
-        self.assertTrue(cd.outputs_match(torch.ones(8, dtype=torch.bfloat16) * 1.01, torch.ones(8, dtype=torch.bfloat16)))
+        self.assertTrue(
+            cd.outputs_match(torch.ones(8), None)
+        )  # nothing to screen against
+        self.assertTrue(
+            cd.outputs_match(
+                torch.ones(8, dtype=torch.bfloat16) * 1.01,
+                torch.ones(8, dtype=torch.bfloat16),
+            )
+        )
         self.assertFalse(cd.outputs_match(torch.arange(4) + 1, torch.arange(4)))
 
     def test_error_classification(self):
         self.assertIs(cb._classify(TimeoutError("x")), TIMEOUT)
-        self.assertIs(cb._classify(RuntimeError("Timed out waiting 3000ms for recv operation")), TIMEOUT)
-        self.assertIs(cb._classify(dist.DistBackendError("Connection closed by peer [::1]:1")), PEER)
+        self.assertIs(
+            cb._classify(RuntimeError("Timed out waiting 3000ms for recv operation")),
+            TIMEOUT,
+        )
+        self.assertIs(
+            cb._classify(dist.DistBackendError("Connection closed by peer [::1]:1")),
+            PEER,
+        )
         self.assertIs(cb._classify(ValueError("bad shape")), RAISED)
 
     def test_config_validation(self):
@@ -245,20 +301,31 @@ def graph_choice(*group_names: str):
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
     for name in group_names:
-        x = graph.call_function(torch.ops._c10d_functional.all_reduce.default, (x, "sum", name))
+        x = graph.call_function(
+            torch.ops._c10d_functional.all_reduce.default, (x, "sum", name)
+        )
         x = graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (x,))
     graph.output(x)
-    return FakeChoice(f"choice_{'_'.join(group_names)}", gm=torch.fx.GraphModule({}, graph))
+    return FakeChoice(
+        f"choice_{'_'.join(group_names)}", gm=torch.fx.GraphModule({}, graph)
+    )
 
 
 class TestGroupFromGraphs(TestCase):
     def test_group_is_read_from_the_candidates(self):
         default = FakeChoice("default")
-        self.assertEqual(cb.collective_group_name([graph_choice("tp0"), graph_choice("tp0", "tp0"), default]), "tp0")
+        self.assertEqual(
+            cb.collective_group_name(
+                [graph_choice("tp0"), graph_choice("tp0", "tp0"), default]
+            ),
+            "tp0",
+        )
         self.assertIsNone(cb.collective_group_name([default]))
 
     def test_candidates_on_different_groups_are_an_error(self):
-        with self.assertRaisesRegex(cb.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"):
+        with self.assertRaisesRegex(
+            cb.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"
+        ):
             cb.collective_group_name([graph_choice("tp0"), graph_choice("tp1")])
 
 
@@ -269,7 +336,9 @@ class TestBenchmarkerOnOneRank(TestCase):
         super().setUp()
         store = dist.FileStore(tempfile.mktemp(prefix="collective-decisions-"), 1)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        self.config = cb.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=3)
+        self.config = cb.CollectiveBenchmarkConfig(
+            timeout=timedelta(seconds=5), nwarmup=1, nruns=3
+        )
 
     def tearDown(self):
         dist.destroy_process_group()
@@ -296,8 +365,10 @@ class TestBenchmarkerOnOneRank(TestCase):
         ]
         decision = cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
         statuses = {result.name: result.status for result in decision.results}
-        self.assertEqual(statuses, {"default": OK, "raises": RAISED, "wrong": WRONG, "good": OK})
-        self.assertEqual([result.name for result in decision.results][0], "default")  # benchmarked first
+        self.assertEqual(
+            statuses, {"default": OK, "raises": RAISED, "wrong": WRONG, "good": OK}
+        )
+        self.assertEqual(decision.results[0].name, "default")  # benchmarked first
         self.assertIn(decision.winner, {"default", "good"})
         self.assertTrue(math.isinf(decision.time_ms("raises")))
 
@@ -310,22 +381,32 @@ class TestBenchmarkerOnOneRank(TestCase):
             cb.CollectiveBenchmarker(None, self.config).run(candidates)
         text = "\n".join(logs.output)
         self.assertIn("winner default (fastest)", text)
-        self.assertRegex(text, r"raises +disqualified \(raised in warmup\) +attempts=1 +r0:raised")
+        self.assertRegex(
+            text, r"raises +disqualified \(raised in warmup\) +attempts=1 +r0:raised"
+        )
         self.assertRegex(text, r"default +[0-9.]+ ms +attempts=1 +r0:ok [0-9.]+ms")
 
     def test_timed_out_round_is_retried_when_configured(self):
         calls: dict = {}
-        flaky = self.candidate("flaky", torch.ones(2), raise_on={2: TimeoutError("stalled")}, calls=calls)
+        flaky = self.candidate(
+            "flaky", torch.ones(2), raise_on={2: TimeoutError("stalled")}, calls=calls
+        )
         default = self.candidate("default", torch.ones(2), is_default=True)
         once = cb.CollectiveBenchmarker(None, self.config).run([default, flaky])
         self.assertEqual(once.results[1].status, TIMEOUT)
         calls.clear()
-        config = cb.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=3, retries=1)
+        config = cb.CollectiveBenchmarkConfig(
+            timeout=timedelta(seconds=5), nwarmup=1, nruns=3, retries=1
+        )
         retried = cb.CollectiveBenchmarker(None, config).run([default, flaky])
-        self.assertEqual((retried.results[1].status, retried.results[1].attempts), (OK, 2))
+        self.assertEqual(
+            (retried.results[1].status, retried.results[1].attempts), (OK, 2)
+        )
 
     def test_nothing_qualified_means_no_winner(self):
-        candidates = [self.candidate("a", None, is_default=True, raise_on={1: RuntimeError("x")})]
+        candidates = [
+            self.candidate("a", None, is_default=True, raise_on={1: RuntimeError("x")})
+        ]
         decision = cb.CollectiveBenchmarker(None, self.config).run(candidates)
         self.assertIsNone(decision.winner)
 
@@ -341,36 +422,57 @@ class TestBenchmarkerOnOneRank(TestCase):
         second = [
             # Right for the second op, wrong for the first: screening must use
             # the second op's default.
-            self.candidate("second.same", torch.zeros(3), raise_on={2: TimeoutError("stalled")}, calls=calls),
+            self.candidate(
+                "second.same",
+                torch.zeros(3),
+                raise_on={2: TimeoutError("stalled")},
+                calls=calls,
+            ),
             self.candidate("second.default", torch.zeros(3), is_default=True),
         ]
-        config = cb.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=3, retries=1)
+        config = cb.CollectiveBenchmarkConfig(
+            timeout=timedelta(seconds=5), nwarmup=1, nruns=3, retries=1
+        )
         decisions = cb.CollectiveBenchmarker(None, config).run_batch(
             [cb.OpToTune("first", first), cb.OpToTune("second", second)]
         )
         self.assertEqual(counters["collective_autotuning"]["presync"], 1)
         self.assertEqual(counters["collective_autotuning"]["ops"], 2)
-        self.assertEqual([[r.name for r in d.results] for d in decisions], [
-            ["first.default", "first.same"], ["second.default", "second.same"]
-        ])
-        self.assertEqual([[r.status for r in d.results] for d in decisions], [[OK, OK], [OK, OK]])
-        self.assertEqual(decisions[1].results[1].attempts, 2)  # the timed-out round ran again
+        self.assertEqual(
+            [[r.name for r in d.results] for d in decisions],
+            [["first.default", "first.same"], ["second.default", "second.same"]],
+        )
+        self.assertEqual(
+            [[r.status for r in d.results] for d in decisions], [[OK, OK], [OK, OK]]
+        )
+        self.assertEqual(
+            decisions[1].results[1].attempts, 2
+        )  # the timed-out round ran again
         self.assertGreater(counters["collective_autotuning"]["timed_s"], 0)
 
     def test_timed_runs_are_interleaved(self):
         order: list[str] = []
 
         def candidate(name, is_default=False):
-            return cb.Candidate(name, lambda: order.append(name) or torch.ones(2), is_default=is_default)
+            return cb.Candidate(
+                name, lambda: order.append(name) or torch.ones(2), is_default=is_default
+            )
 
-        config = cb.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=6)
-        cb.CollectiveBenchmarker(None, config).run([candidate("a", True), candidate("b"), candidate("c")], key="op")
+        config = cb.CollectiveBenchmarkConfig(
+            timeout=timedelta(seconds=5), nwarmup=1, nruns=6
+        )
+        cb.CollectiveBenchmarker(None, config).run(
+            [candidate("a", True), candidate("b"), candidate("c")], key="op"
+        )
         warmups, timed = order[:3], order[3:]
         self.assertEqual(warmups, ["a", "b", "c"])
         self.assertEqual(sorted(timed), ["a"] * 6 + ["b"] * 6 + ["c"] * 6)
         for run in range(6):  # every candidate once per iteration, in the shared order
             iteration = timed[3 * run : 3 * run + 3]
-            self.assertEqual(iteration, [["a", "b", "c"][i] for i in cd.interleaved_order(3, f"op|{run}")])
+            self.assertEqual(
+                iteration,
+                [["a", "b", "c"][i] for i in cd.interleaved_order(3, f"op|{run}")],
+            )
 
     def test_sync_with_timeout_returns_when_every_rank_arrived(self):
         self.assertIsNone(cb.sync_with_timeout(None, timedelta(seconds=5)))
@@ -381,12 +483,22 @@ class TestBenchmarkerOnOneRank(TestCase):
             cb.CollectiveBenchmarker(None, self.config).run([a, a])
 
     def test_single_candidate_helper_returns_inf_on_failure(self):
-        self.assertTrue(math.isfinite(cb.try_collective_benchmark_with_timeout(lambda: torch.ones(1), config=self.config)))
+        self.assertTrue(
+            math.isfinite(
+                cb.try_collective_benchmark_with_timeout(
+                    lambda: torch.ones(1), config=self.config
+                )
+            )
+        )
 
         def boom():
             raise RuntimeError("boom")
 
-        self.assertTrue(math.isinf(cb.try_collective_benchmark_with_timeout(boom, config=self.config)))
+        self.assertTrue(
+            math.isinf(
+                cb.try_collective_benchmark_with_timeout(boom, config=self.config)
+            )
+        )
 
 
 class TestMisuse(TestCase):

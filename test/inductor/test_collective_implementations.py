@@ -29,7 +29,10 @@ import re
 
 import torch
 import torch.distributed as dist
-from torch._inductor.kernel.collective_implementations import IMPLEMENTATIONS, register_collective_implementations
+from torch._inductor.kernel.collective_implementations import (
+    IMPLEMENTATIONS,
+    register_collective_implementations,
+)
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch._inductor.utils import run_and_get_code
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -37,7 +40,9 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 from test_collective_autotuning import SpawnedRanksTestCase, tuning_config
 
 
-def _inputs(kind: str, world: int, dtype: torch.dtype, rows: int, exact: bool) -> list[torch.Tensor]:
+def _inputs(
+    kind: str, world: int, dtype: torch.dtype, rows: int, exact: bool
+) -> list[torch.Tensor]:
     """Every rank's input, the same on every rank (seeded by rank)."""
     tensors = []
     for rank in range(world):
@@ -57,7 +62,9 @@ def _expected(kind: str, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
     if kind == "all_gather":
         return torch.cat(inputs)
     if kind == "reduce_scatter":
-        return torch.stack(inputs).double().sum(0).chunk(world)[rank].to(inputs[0].dtype)
+        return (
+            torch.stack(inputs).double().sum(0).chunk(world)[rank].to(inputs[0].dtype)
+        )
     return torch.cat([peer.chunk(world)[rank] for peer in inputs])
 
 
@@ -76,7 +83,9 @@ def _make_op(kind: str):
             return x.new_empty((x.shape[0] // world, *x.shape[1:]))
         return torch.empty_like(x)
 
-    op = torch.library.custom_op(f"collective_implementations_test::{kind}", mutates_args=())(collective)
+    op = torch.library.custom_op(
+        f"collective_implementations_test::{kind}", mutates_args=()
+    )(collective)
     op.register_fake(fake)
     return op
 
@@ -94,7 +103,11 @@ class ImplementationTests:
         for kind, implementations in IMPLEMENTATIONS.items():
             shapes = [world * 6] + ([13] if kind == "all_reduce" else [])
             for rows in shapes:
-                for dtype, exact in ((torch.int64, True), (torch.float32, True), (torch.float32, False)):
+                for dtype, exact in (
+                    (torch.int64, True),
+                    (torch.float32, True),
+                    (torch.float32, False),
+                ):
                     inputs = _inputs(kind, world, dtype, rows, exact)
                     expected = _expected(kind, inputs, self.rank)
                     for name, (fn, params) in implementations.items():
@@ -102,8 +115,14 @@ class ImplementationTests:
                         label = f"{kind}/{name} {dtype} rows={rows} {'exact' if exact else 'random'}"
                         if exact and not torch.equal(actual, expected):
                             mismatches.append(f"{label}: not bitwise equal")
-                        elif not exact and not torch.allclose(actual, expected, rtol=world * 2**-24, atol=0):
-                            error = ((actual - expected).abs() / expected.abs()).max().item()
+                        elif not exact and not torch.allclose(
+                            actual, expected, rtol=world * 2**-24, atol=0
+                        ):
+                            error = (
+                                ((actual - expected).abs() / expected.abs())
+                                .max()
+                                .item()
+                            )
                             mismatches.append(f"{label}: relative error {error:.3g}")
         self.assertEqual(mismatches, [])
         dist.destroy_process_group()
@@ -112,7 +131,9 @@ class ImplementationTests:
 for _world_size in (2, 3, 4):
     _name = f"CollectiveImplementations{_world_size}RanksTest"
     globals()[_name] = type(
-        _name, (ImplementationTests, SpawnedRanksTestCase), {"WORLD_SIZE": _world_size, "__module__": __name__}
+        _name,
+        (ImplementationTests, SpawnedRanksTestCase),
+        {"WORLD_SIZE": _world_size, "__module__": __name__},
     )
 
 
@@ -126,15 +147,22 @@ class CompiledImplementationsTest(SpawnedRanksTestCase):
         for kind in kinds:
             register_collective_implementations(OPS[kind], kind)
         world = self.world_size
-        inputs = {kind: _inputs(kind, world, torch.float32, world * 6, exact=True) for kind in kinds}
+        inputs = {
+            kind: _inputs(kind, world, torch.float32, world * 6, exact=True)
+            for kind in kinds
+        }
 
         def program(*xs):
-            return [OPS[kind](x, group_name) for kind, x in zip(kinds, xs)]
+            return [OPS[kind](x, group_name) for kind, x in zip(kinds, xs, strict=True)]
 
         with tuning_config(True):
-            results, (*_, code) = run_and_get_code(torch.compile(program), *[inputs[k][self.rank] for k in kinds])
-        for kind, result in zip(kinds, results):
-            self.assertTrue(torch.equal(result, _expected(kind, inputs[kind], self.rank)), kind)
+            results, (*_, code) = run_and_get_code(
+                torch.compile(program), *[inputs[k][self.rank] for k in kinds]
+            )
+        for kind, result in zip(kinds, results, strict=True):
+            self.assertTrue(
+                torch.equal(result, _expected(kind, inputs[kind], self.rank)), kind
+            )
         # Every rank's program issues the same collectives in the same order:
         # the same implementation of every op won everywhere.
         call = code[code.index("def call") :]
@@ -150,8 +178,12 @@ class RegistrationErrorsTest(TestCase):
     def test_unknown_collective_or_implementation(self):
         with self.assertRaisesRegex(ValueError, "unknown collective 'broadcast'"):
             register_collective_implementations(OPS["all_reduce"], "broadcast")
-        with self.assertRaisesRegex(ValueError, r"unknown all_reduce implementations \['ring'\]"):
-            register_collective_implementations(OPS["all_reduce"], "all_reduce", names=["direct", "ring"])
+        with self.assertRaisesRegex(
+            ValueError, r"unknown all_reduce implementations \['ring'\]"
+        ):
+            register_collective_implementations(
+                OPS["all_reduce"], "all_reduce", names=["direct", "ring"]
+            )
 
 
 if __name__ == "__main__":

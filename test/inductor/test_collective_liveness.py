@@ -26,7 +26,10 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
 from torch.testing._internal.common_utils import run_tests
 
 from test_collective_autotuning import (
@@ -56,11 +59,14 @@ class LivenessTests:
     KILLS_A_RANK: tuple[str, ...] = ()
 
     def _input(self) -> torch.Tensor:
-        return (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * self.rank).view(ROWS, COLS)
+        return (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * self.rank).view(
+            ROWS, COLS
+        )
 
     def _compile(self, names: list[str]):
         register_custom_op_autotuning(
-            all_reduce_op, configs=[CustomOpConfig(all_reduce_candidate(name)) for name in names]
+            all_reduce_op,
+            configs=[CustomOpConfig(all_reduce_candidate(name)) for name in names],
         )
         return torch.compile(lambda x: all_reduce_op(x) + 1)
 
@@ -68,8 +74,12 @@ class LivenessTests:
         self._init_process_group()
         last = self.world_size - 1
         FAULTS.clear()
-        FAULTS["stalls_3x"] = Fault("stall", [last], call=NWARMUP + 2, seconds=3 * TIMEOUT_S)
-        FAULTS["stalls_10x"] = Fault("stall", [0], call=NWARMUP + 2, seconds=10 * TIMEOUT_S)
+        FAULTS["stalls_3x"] = Fault(
+            "stall", [last], call=NWARMUP + 2, seconds=3 * TIMEOUT_S
+        )
+        FAULTS["stalls_10x"] = Fault(
+            "stall", [0], call=NWARMUP + 2, seconds=10 * TIMEOUT_S
+        )
         DELAY_MS.clear()
         DELAY_MS.update({"default": SLOW_MS, "good": SLOW_MS / 5})
         with tuning_config(True, collective_benchmark_timeout=TIMEOUT_S):
@@ -86,16 +96,22 @@ class LivenessTests:
         ran_everywhere: list = [None] * self.world_size
         dist.all_gather_object(ran_everywhere, list(RAN))
         self.assertEqual(ran_everywhere, [["good"]] * self.world_size)
-        inputs = [(torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS)
-                  for r in range(self.world_size)]
-        torch.testing.assert_close(result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0)
+        inputs = [
+            (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS)
+            for r in range(self.world_size)
+        ]
+        torch.testing.assert_close(
+            result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0
+        )
         dist.destroy_process_group()
 
     def test_wedged_rank_is_named_within_the_timeout(self):
         self._init_process_group()
         last = self.world_size - 1
         FAULTS.clear()
-        FAULTS["wedges"] = Fault("wedge", [last], call=NWARMUP + 2, seconds=4 * TIMEOUT_S)
+        FAULTS["wedges"] = Fault(
+            "wedge", [last], call=NWARMUP + 2, seconds=4 * TIMEOUT_S
+        )
         DELAY_MS.clear()
         CALLED_AT.clear()
         with tuning_config(True, collective_benchmark_timeout=TIMEOUT_S):
@@ -119,7 +135,9 @@ class LivenessTests:
 for _world_size in (2, 3, 4):
     _name = f"CollectiveLiveness{_world_size}RanksTest"
     globals()[_name] = type(
-        _name, (LivenessTests, SpawnedRanksTestCase), {"WORLD_SIZE": _world_size, "__module__": __name__}
+        _name,
+        (LivenessTests, SpawnedRanksTestCase),
+        {"WORLD_SIZE": _world_size, "__module__": __name__},
     )
 
 

@@ -47,11 +47,27 @@ class TwoNodeCachesTest(TestCase):
         nodes = [
             subprocess.Popen(
                 [
-                    str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "collective-multinode",
-                    str(WORKER), "--out", str(out),
+                    str(TORCHRUN),
+                    "--nnodes",
+                    "2",
+                    "--nproc-per-node",
+                    "2",
+                    "--rdzv-backend",
+                    "c10d",
+                    "--rdzv-endpoint",
+                    f"127.0.0.1:{port}",
+                    "--rdzv-id",
+                    "collective-multinode",
+                    str(WORKER),
+                    "--out",
+                    str(out),
                 ],  # fmt: skip
-                env={**os.environ, "NODE_TAG": node, "TORCHINDUCTOR_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"},
+                env={
+                    **os.environ,
+                    "NODE_TAG": node,
+                    "TORCHINDUCTOR_CACHE_DIR": str(cache),
+                    "OMP_NUM_THREADS": "1",
+                },
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -59,7 +75,9 @@ class TwoNodeCachesTest(TestCase):
             for node, cache in caches.items()
         ]
         logs = [node.communicate(timeout=600)[0] for node in nodes]
-        reports = [json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))]
+        reports = [
+            json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))
+        ]
         self.assertEqual(len(reports), 4, "\n".join(log[-3000:] for log in logs))
         for report in reports:
             self.assertNotIn("error", report, report)
@@ -70,8 +88,12 @@ class TwoNodeCachesTest(TestCase):
         self.assertTrue(all(report["exact"] for report in reports), reports)
         slowest = max(report["first_call_s"] for report in reports)
         for report in reports:
-            self.assertEqual(report["counters"].get("failure_agreements", 0), 0, report)  # nobody timed out
-            self.assertLessEqual(report["counters"].get("presync_s", 0.0), slowest, report)
+            self.assertEqual(
+                report["counters"].get("failure_agreements", 0), 0, report
+            )  # nobody timed out
+            self.assertLessEqual(
+                report["counters"].get("presync_s", 0.0), slowest, report
+            )
         return reports[0]["ran"][0]
 
     def test_cold_warm_and_skewed_restarts(self):
@@ -82,13 +104,21 @@ class TwoNodeCachesTest(TestCase):
             cold = self._launch(caches, Path(tmp, "cold"))
             winner = self._check_agreement(cold)
             self.assertEqual(winner, "rs_ag")
-            self.assertTrue(all(report["counters"].get("ops", 0) == 1 for report in cold), cold)
+            self.assertTrue(
+                all(report["counters"].get("ops", 0) == 1 for report in cold), cold
+            )
 
             warm = self._launch(caches, Path(tmp, "warm"))
             self.assertEqual(self._check_agreement(warm), winner)
             for report in warm:
-                self.assertEqual((report["counters"].get("replayed_sessions"), report["counters"].get("ops", 0)),
-                                 (1, 0), report)
+                self.assertEqual(
+                    (
+                        report["counters"].get("replayed_sessions"),
+                        report["counters"].get("ops", 0),
+                    ),
+                    (1, 0),
+                    report,
+                )
 
             shutil.rmtree(caches["B"])
             caches["B"].mkdir()
@@ -96,7 +126,9 @@ class TwoNodeCachesTest(TestCase):
             self.assertEqual(self._check_agreement(skewed), winner)
             for report in skewed:
                 counted = report["counters"]
-                self.assertEqual(counted.get("ops", 0), 0, report)  # adopted, never benchmarked
+                self.assertEqual(
+                    counted.get("ops", 0), 0, report
+                )  # adopted, never benchmarked
                 if report["node"] == "A":
                     self.assertEqual(counted.get("replayed_sessions"), 1, report)
                 else:

@@ -22,8 +22,14 @@ import sys
 import textwrap
 
 import torch
-from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
-from torch._inductor.kernel.custom_op_fingerprint import callable_fingerprint, registration_fingerprint
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
+from torch._inductor.kernel.custom_op_fingerprint import (
+    callable_fingerprint,
+    registration_fingerprint,
+)
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 fp = callable_fingerprint
@@ -76,7 +82,7 @@ class TestCallableFingerprint(TestCase):
 
         plus_one_a = plus_one
 
-        def plus_one(x):  # noqa: F811  (the same name, another body)
+        def plus_one(x):
             return x + 2
 
         self.assertNotEqual(fp(plus_one_a), fp(plus_one))
@@ -84,13 +90,21 @@ class TestCallableFingerprint(TestCase):
 
     def test_closures(self):
         self.assertNotEqual(fp(make_scaled(2)), fp(make_scaled(3)))
-        self.assertNotEqual(fp(make_scaled(torch.ones(3))), fp(make_scaled(torch.zeros(3))))
+        self.assertNotEqual(
+            fp(make_scaled(torch.ones(3))), fp(make_scaled(torch.zeros(3)))
+        )
         self.assertEqual(fp(make_scaled(torch.ones(3))), fp(make_scaled(torch.ones(3))))
 
     def test_partials(self):
-        self.assertEqual(fp(functools.partial(add, y=2)), fp(functools.partial(add, y=2)))
-        self.assertNotEqual(fp(functools.partial(add, y=2)), fp(functools.partial(add, y=3)))
-        self.assertNotEqual(fp(functools.partial(add, 1)), fp(functools.partial(add, y=1)))
+        self.assertEqual(
+            fp(functools.partial(add, y=2)), fp(functools.partial(add, y=2))
+        )
+        self.assertNotEqual(
+            fp(functools.partial(add, y=2)), fp(functools.partial(add, y=3))
+        )
+        self.assertNotEqual(
+            fp(functools.partial(add, 1)), fp(functools.partial(add, y=1))
+        )
 
     def test_lambdas(self):
         self.assertEqual(fp(lambda x: x * 2), fp(lambda x: x * 2))
@@ -102,7 +116,7 @@ class TestCallableFingerprint(TestCase):
         global helper
         original = helper
 
-        def helper(x):  # noqa: F811
+        def helper(x):
             return x + 5
 
         try:
@@ -123,28 +137,52 @@ class TestCallableFingerprint(TestCase):
         )
         here = str(__import__("pathlib").Path(__file__).parent)
         runs = [
-            subprocess.run([sys.executable, "-c", script, here], capture_output=True, text=True, check=True).stdout
+            subprocess.run(
+                [sys.executable, "-c", script, here],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             for _ in range(2)
         ]
         self.assertEqual(runs[0], runs[1])
-        self.assertEqual(runs[0].split(), [fp(uses_helper), fp(make_scaled(2.5)), fp(functools.partial(add, y=4))])
+        self.assertEqual(
+            runs[0].split(),
+            [fp(uses_helper), fp(make_scaled(2.5)), fp(functools.partial(add, y=4))],
+        )
 
 
 class TestRegistrationFingerprint(TestCase):
     def fingerprint(self, configs, default_impl=None, **options):
         return registration_fingerprint(
-            op._opoverload, configs=configs, config_generator=None, default_impl=default_impl, **options
+            op._opoverload,
+            configs=configs,
+            config_generator=None,
+            default_impl=default_impl,
+            **options,
         )
 
     def test_configs(self):
         a, b = CustomOpConfig(helper), CustomOpConfig(uses_helper)
-        self.assertEqual(self.fingerprint([a, b]), self.fingerprint([CustomOpConfig(helper), CustomOpConfig(uses_helper)]))
+        self.assertEqual(
+            self.fingerprint([a, b]),
+            self.fingerprint([CustomOpConfig(helper), CustomOpConfig(uses_helper)]),
+        )
         self.assertNotEqual(self.fingerprint([a, b]), self.fingerprint([b, a]))
-        self.assertNotEqual(self.fingerprint([CustomOpConfig(add, y=1)]), self.fingerprint([CustomOpConfig(add, y=2)]))
+        self.assertNotEqual(
+            self.fingerprint([CustomOpConfig(add, y=1)]),
+            self.fingerprint([CustomOpConfig(add, y=2)]),
+        )
         patched = CustomOpConfig(helper, config_patches={"max_autotune": True})
         self.assertNotEqual(self.fingerprint([a]), self.fingerprint([patched]))
-        self.assertNotEqual(self.fingerprint([a], min_speedup_threshold=1.0), self.fingerprint([a], min_speedup_threshold=1.1))
-        self.assertNotEqual(self.fingerprint([a], default_impl=helper), self.fingerprint([a], default_impl=uses_helper))
+        self.assertNotEqual(
+            self.fingerprint([a], min_speedup_threshold=1.0),
+            self.fingerprint([a], min_speedup_threshold=1.1),
+        )
+        self.assertNotEqual(
+            self.fingerprint([a], default_impl=helper),
+            self.fingerprint([a], default_impl=uses_helper),
+        )
 
 
 class TestFxGraphCacheKey(TestCase):

@@ -34,42 +34,29 @@ Last-Update: 2026-11-21
 """
 
 
-def make_wheel(path: Path, version: str = "2.13.0+cpu", source: str = BASE_SOURCE) -> Path:
+def make_wheel(
+    path: Path, version: str = "2.13.0+cpu", source: str = BASE_SOURCE
+) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     dist_info = f"torch-{version}.dist-info"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("torch/__init__.py", "")
         archive.writestr("torch/foo.py", source)
         archive.writestr("torch/version.py", f"__version__ = '{version}'\n")
-        archive.writestr(f"{dist_info}/METADATA", f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+        archive.writestr(
+            f"{dist_info}/METADATA",
+            f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+        )
         archive.writestr(f"{dist_info}/RECORD", "")
     return path
-
-
-@pytest.fixture
-def stack(tmp_path: Path):
-    """A repo layout with one patch made through the queue workflow."""
-    repo = tmp_path / "repo"
-    (repo / "patches").mkdir(parents=True)
-    (repo / "patches" / "series").write_text("# base: torch==2.13.0\n")
-    overlay = repo / "torch_overlay" / "torch"
-    overlay.mkdir(parents=True)
-    (overlay / "_new_module.py").write_text("VALUE = 1\n")
-    wheel = make_wheel(tmp_path / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl")
-    run = lambda *args: cli.main(["--repo", str(repo), *args])  # noqa: E731
-    queue_dir = tmp_path / "queue"
-    assert run("queue", "--dir", str(queue_dir), "--wheel", str(wheel)) == 0
-    foo = queue_dir / "torch" / "foo.py"
-    foo.write_text(foo.read_text().replace("line 20\n", "line twenty\n"))
-    queue.git(queue_dir, "commit", "-qam", HEADER)
-    assert run("export", "--dir", str(queue_dir)) == 0
-    return repo, wheel, run
 
 
 def test_round_trip_check_passes(stack):
     repo, wheel, run = stack
     patch = (repo / "patches" / "0001-change-line-twenty.patch").read_text()
-    assert patch.startswith("Subject: [inductor] Change line twenty\nDescription: Replace line 20\n")
+    assert patch.startswith(
+        "Subject: [inductor] Change line twenty\nDescription: Replace line 20\n"
+    )
     assert "-line 20\n+line twenty\n" in patch and "\nindex " not in patch
     assert run("check", "--wheel", str(wheel)) == 0
 
@@ -85,39 +72,62 @@ def test_export_is_deterministic(stack, tmp_path):
 def test_check_fails_on_drift(stack, capsys):
     repo, wheel, run = stack
     patch = repo / "patches" / "0001-change-line-twenty.patch"
-    patch.write_text(patch.read_text().replace("@@ -17,7 +17,7 @@", "@@ -17,7 +17,7 @@ hand-edited"))
+    patch.write_text(
+        patch.read_text().replace("@@ -17,7 +17,7 @@", "@@ -17,7 +17,7 @@ hand-edited")
+    )
     assert run("check", "--wheel", str(wheel)) == 1
-    assert "differs from its export: patches/0001-change-line-twenty.patch" in capsys.readouterr().err
+    assert (
+        "differs from its export: patches/0001-change-line-twenty.patch"
+        in capsys.readouterr().err
+    )
 
 
 def test_check_fails_on_stray_patch(stack, capsys):
     repo, wheel, run = stack
-    shutil.copy(repo / "patches" / "0001-change-line-twenty.patch", repo / "patches" / "0002-stray.patch")
+    shutil.copy(
+        repo / "patches" / "0001-change-line-twenty.patch",
+        repo / "patches" / "0002-stray.patch",
+    )
     assert run("check", "--wheel", str(wheel)) == 1
     assert "not produced by export: patches/0002-stray.patch" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
-    "drifted_base, kind",
+    ("drifted_base", "kind"),
     [
-        ("line 0a\nline 0b\n" + BASE_SOURCE, "offset"),  # the hunk would apply 2 lines lower
-        (BASE_SOURCE.replace("line 18\n", "line eighteen\n"), "fuzz"),  # a context line changed
+        (
+            "line 0a\nline 0b\n" + BASE_SOURCE,
+            "offset",
+        ),  # the hunk would apply 2 lines lower
+        (
+            BASE_SOURCE.replace("line 18\n", "line eighteen\n"),
+            "fuzz",
+        ),  # a context line changed
     ],
 )
 def test_check_fails_on_offset_and_fuzz(stack, tmp_path, capsys, drifted_base, kind):
     repo, _, run = stack
-    drifted = make_wheel(tmp_path / f"{kind}" / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl", source=drifted_base)
+    drifted = make_wheel(
+        tmp_path / f"{kind}" / "torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl",
+        source=drifted_base,
+    )
     assert run("check", "--wheel", str(drifted)) == 1
     assert "hunk #1 (@@ -17) does not apply exactly" in capsys.readouterr().err
 
 
 def test_build_refuses_other_torch_versions(stack, tmp_path, capsys):
     repo, _, run = stack
-    other = make_wheel(tmp_path / "old" / "torch-2.12.0+cpu-cp311-cp311-linux_x86_64.whl", version="2.12.0+cpu")
+    other = make_wheel(
+        tmp_path / "old" / "torch-2.12.0+cpu-cp311-cp311-linux_x86_64.whl",
+        version="2.12.0+cpu",
+    )
     out = tmp_path / "dist"
     assert run("build", "--wheel", str(other), "--out", str(out)) == 1
     error = capsys.readouterr().err
-    assert "torch 2.12.0+cpu" in error and "refusing to patch it (nothing was changed)" in error
+    assert (
+        "torch 2.12.0+cpu" in error
+        and "refusing to patch it (nothing was changed)" in error
+    )
     assert not out.exists() or not any(out.iterdir())
 
 
@@ -131,7 +141,10 @@ def test_build_writes_patched_wheel_that_identifies_itself(stack, tmp_path, caps
         info = json.loads(archive.read(STACK_INFO_PATH))
         record = archive.read("torch-2.13.0+cpu.dist-info/RECORD").decode()
     assert [p["file"] for p in info["patches"]] == ["0001-change-line-twenty.patch"]
-    assert info["overlay"] == ["torch/_new_module.py"] and info["base_torch"] == "2.13.0+cpu"
+    assert (
+        info["overlay"] == ["torch/_new_module.py"]
+        and info["base_torch"] == "2.13.0+cpu"
+    )
     assert "torch/_new_module.py,sha256=" in record and "torch/foo.py,sha256=" in record
 
 
@@ -146,7 +159,10 @@ def _git_tree(path: Path, files_from: Path) -> Path:
 def test_apply_source_commits_each_patch_with_its_overlay(stack, tmp_path):
     repo, wheel, run = stack
     with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(tmp_path / "files", [n for n in archive.namelist() if n.startswith("torch/")])
+        archive.extractall(
+            tmp_path / "files",
+            [n for n in archive.namelist() if n.startswith("torch/")],
+        )
     checkout = _git_tree(tmp_path / "checkout", tmp_path / "files")
     assert run("apply-source", str(checkout)) == 0
     log = queue.git(checkout, "log", "--format=%s", "-2").splitlines()
@@ -158,7 +174,10 @@ def test_apply_source_commits_each_patch_with_its_overlay(stack, tmp_path):
 def test_apply_source_refuses_dirty_checkout_and_wrong_version(stack, tmp_path, capsys):
     repo, wheel, run = stack
     with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(tmp_path / "files", [n for n in archive.namelist() if n.startswith("torch/")])
+        archive.extractall(
+            tmp_path / "files",
+            [n for n in archive.namelist() if n.startswith("torch/")],
+        )
     checkout = _git_tree(tmp_path / "checkout", tmp_path / "files")
     (checkout / "torch" / "foo.py").write_text("edited\n")
     assert run("apply-source", str(checkout)) == 1
@@ -172,8 +191,14 @@ def test_apply_source_refuses_dirty_checkout_and_wrong_version(stack, tmp_path, 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    before=st.lists(st.sampled_from(["a\n", "b\n", "c\n", "def f():\n", "    pass\n", "\n"]), max_size=30),
-    after=st.lists(st.sampled_from(["a\n", "b\n", "x\n", "def f():\n", "    return 1\n", "\n"]), max_size=30),
+    before=st.lists(
+        st.sampled_from(["a\n", "b\n", "c\n", "def f():\n", "    pass\n", "\n"]),
+        max_size=30,
+    ),
+    after=st.lists(
+        st.sampled_from(["a\n", "b\n", "x\n", "def f():\n", "    return 1\n", "\n"]),
+        max_size=30,
+    ),
 )
 def test_strict_apply_inverts_unified_diff(before, after):
     diff = "".join(difflib.unified_diff(before, after, "a/f.py", "b/f.py"))
@@ -191,6 +216,7 @@ def test_patches_may_not_add_files():
 
 # --- the real series against the official wheel ---------------------------------
 
+
 def test_real_series_passes_check():
     assert cli.main(["--repo", str(REPO), "check"]) == 0
 
@@ -199,8 +225,13 @@ def test_real_series_applies_to_git_tree_of_wheel_python_files(tmp_path):
     layout = cli.Layout(REPO)
     checkout = _git_tree(tmp_path / "pytorch", layout.pristine_tree(None))
     assert cli.main(["--repo", str(REPO), "apply-source", str(checkout)]) == 0
-    committed = queue.git(checkout, "log", "--reverse", "--format=%s", "HEAD~{}..HEAD".format(
-        len(series.read_series(layout.patches)))).splitlines()
+    committed = queue.git(
+        checkout,
+        "log",
+        "--reverse",
+        "--format=%s",
+        f"HEAD~{len(series.read_series(layout.patches))}..HEAD",
+    ).splitlines()
     assert committed == [patch.subject for patch in series.read_series(layout.patches)]
     assert queue.git(checkout, "status", "--porcelain") == ""
 
@@ -219,6 +250,9 @@ def test_folded_header_fields_are_joined():
         "---\n"
     )
     fields = series.parse_patch("0001-two-modules.patch", text).fields
-    assert [name.strip() for name in fields["Overlay"].split(",")] == ["torch/_a.py", "torch/_b.py"]
+    assert [name.strip() for name in fields["Overlay"].split(",")] == [
+        "torch/_a.py",
+        "torch/_b.py",
+    ]
     assert fields["Description"] == "One line continued. Another paragraph."
     assert fields["Forwarded"] == "no"

@@ -31,7 +31,7 @@ import pytest
 
 from torch_patch_stack import pristine, queue, rebase, series
 
-from test_patchstack import BASE_SOURCE, make_wheel, stack  # noqa: F401  (stack is a fixture)
+from test_patchstack import BASE_SOURCE, make_wheel
 
 LINE_35_HEADER = """[inductor] Change line thirty-five
 
@@ -42,7 +42,9 @@ Last-Update: 2026-11-22
 
 
 def _wheel_214(tmp_path: Path, source: str) -> Path:
-    return make_wheel(tmp_path / "new" / "torch-2.14.0-cp311-cp311-linux_x86_64.whl", "2.14.0", source)
+    return make_wheel(
+        tmp_path / "new" / "torch-2.14.0-cp311-cp311-linux_x86_64.whl", "2.14.0", source
+    )
 
 
 def _queue_state(queue_dir: Path) -> tuple[str, str, str]:
@@ -72,10 +74,23 @@ def queue_dir(stack, tmp_path):
 def test_clean_rebase_moves_the_base_everywhere(stack, queue_dir, tmp_path, capsys):
     repo, old_wheel, run = stack
     new_wheel = _wheel_214(tmp_path, "line 0a\nline 0b\n" + BASE_SOURCE)
-    assert run("check", "--wheel", str(new_wheel)) == 1  # the old series does not apply exactly there
+    assert (
+        run("check", "--wheel", str(new_wheel)) == 1
+    )  # the old series does not apply exactly there
     capsys.readouterr()
 
-    assert run("rebase", "--onto", "2.14.0", "--dir", str(queue_dir), "--wheel", str(new_wheel)) == 0
+    assert (
+        run(
+            "rebase",
+            "--onto",
+            "2.14.0",
+            "--dir",
+            str(queue_dir),
+            "--wheel",
+            str(new_wheel),
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "rebased the queue from torch 2.13.0 onto torch 2.14.0" in out
     assert "0001-change-line-twenty.patch: clean" in out
@@ -84,20 +99,31 @@ def test_clean_rebase_moves_the_base_everywhere(stack, queue_dir, tmp_path, caps
     assert series.read_base(repo / "patches") == "2.14.0"
     patch = (repo / "patches" / "0001-change-line-twenty.patch").read_text()
     assert "@@ -19,7 +19,7 @@" in patch and "-line 20\n+line twenty\n" in patch
-    assert patch.startswith("Subject: [inductor] Change line twenty\nDescription: Replace line 20\n")
+    assert patch.startswith(
+        "Subject: [inductor] Change line twenty\nDescription: Replace line 20\n"
+    )
     assert run("check", "--wheel", str(new_wheel)) == 0
     assert run("check", "--wheel", str(old_wheel)) == 1
-    assert "torch 2.13.0+cpu, but this patch stack is written against PyTorch v2.14.0" in capsys.readouterr().err
+    assert (
+        "torch 2.13.0+cpu, but this patch stack is written against PyTorch v2.14.0"
+        in capsys.readouterr().err
+    )
 
     out_dir = tmp_path / "dist"
     assert run("build", "--wheel", str(new_wheel), "--out", str(out_dir)) == 0
     built = Path(capsys.readouterr().out.strip())
     with zipfile.ZipFile(built) as archive:
         assert "line twenty\n" in archive.read("torch/foo.py").decode()
-    assert run("build", "--wheel", str(old_wheel), "--out", str(tmp_path / "old-dist")) == 1
+    assert (
+        run("build", "--wheel", str(old_wheel), "--out", str(tmp_path / "old-dist"))
+        == 1
+    )
 
     with zipfile.ZipFile(new_wheel) as archive:
-        archive.extractall(tmp_path / "files", [n for n in archive.namelist() if n.startswith("torch/")])
+        archive.extractall(
+            tmp_path / "files",
+            [n for n in archive.namelist() if n.startswith("torch/")],
+        )
     checkout = tmp_path / "checkout"
     subprocess.run(["cp", "-r", str(tmp_path / "files"), str(checkout)], check=True)
     (checkout / "version.txt").write_text("2.14.0\n")
@@ -105,15 +131,33 @@ def test_clean_rebase_moves_the_base_everywhere(stack, queue_dir, tmp_path, caps
     queue.git(checkout, "add", "-A")
     queue.git(checkout, "commit", "-qm", "v2.14.0")
     assert run("apply-source", str(checkout)) == 0
-    assert queue.git(checkout, "log", "-1", "--format=%s").strip() == "[inductor] Change line twenty"
+    assert (
+        queue.git(checkout, "log", "-1", "--format=%s").strip()
+        == "[inductor] Change line twenty"
+    )
 
 
-def test_conflict_stops_with_a_report_then_continue_finishes(stack, queue_dir, tmp_path, capsys):
+def test_conflict_stops_with_a_report_then_continue_finishes(
+    stack, queue_dir, tmp_path, capsys
+):
     repo, _, run = stack
     before = _patch_files(repo)
-    new_wheel = _wheel_214(tmp_path, BASE_SOURCE.replace("line 20\n", "line 20 (upstream)\n"))
+    new_wheel = _wheel_214(
+        tmp_path, BASE_SOURCE.replace("line 20\n", "line 20 (upstream)\n")
+    )
 
-    assert run("rebase", "--onto", "2.14.0", "--dir", str(queue_dir), "--wheel", str(new_wheel)) == 2
+    assert (
+        run(
+            "rebase",
+            "--onto",
+            "2.14.0",
+            "--dir",
+            str(queue_dir),
+            "--wheel",
+            str(new_wheel),
+        )
+        == 2
+    )
     report = capsys.readouterr().out
     assert "stopped at 0001-change-line-twenty.patch: conflicts" in report
     assert "torch/foo.py: conflict" in report
@@ -129,7 +173,9 @@ def test_conflict_stops_with_a_report_then_continue_finishes(stack, queue_dir, t
     queue.git(queue_dir, "add", "torch/foo.py")  # staged with its markers
     assert run("rebase", "--continue", "--dir", str(queue_dir)) == 1
     assert "conflict markers remain in ['torch/foo.py']" in capsys.readouterr().err
-    assert run("export", "--dir", str(queue_dir)) == 1  # no export halfway through a rebase
+    assert (
+        run("export", "--dir", str(queue_dir)) == 1
+    )  # no export halfway through a rebase
 
     foo.write_text(BASE_SOURCE.replace("line 20\n", "line twenty (upstream)\n"))
     queue.git(queue_dir, "add", "torch/foo.py")
@@ -145,8 +191,21 @@ def test_conflict_stops_with_a_report_then_continue_finishes(stack, queue_dir, t
 def test_abort_restores_the_queue(stack, queue_dir, tmp_path, capsys):
     repo, _, run = stack
     before, files = _queue_state(queue_dir), _patch_files(repo)
-    new_wheel = _wheel_214(tmp_path, BASE_SOURCE.replace("line 20\n", "line 20 (upstream)\n"))
-    assert run("rebase", "--onto", "2.14.0", "--dir", str(queue_dir), "--wheel", str(new_wheel)) == 2
+    new_wheel = _wheel_214(
+        tmp_path, BASE_SOURCE.replace("line 20\n", "line 20 (upstream)\n")
+    )
+    assert (
+        run(
+            "rebase",
+            "--onto",
+            "2.14.0",
+            "--dir",
+            str(queue_dir),
+            "--wheel",
+            str(new_wheel),
+        )
+        == 2
+    )
     assert run("rebase", "--abort", "--dir", str(queue_dir)) == 0
     assert "back on torch 2.13.0" in capsys.readouterr().out
     assert _queue_state(queue_dir) == before
@@ -161,16 +220,34 @@ def test_absorbed_patch_is_dropped_and_reported(stack, queue_dir, tmp_path, caps
     repo, _, run = stack
     _add_patch(repo, queue_dir, run)
     new_wheel = _wheel_214(tmp_path, BASE_SOURCE.replace("line 20\n", "line twenty\n"))
-    assert run("rebase", "--onto", "2.14.0", "--dir", str(queue_dir), "--wheel", str(new_wheel)) == 0
+    assert (
+        run(
+            "rebase",
+            "--onto",
+            "2.14.0",
+            "--dir",
+            str(queue_dir),
+            "--wheel",
+            str(new_wheel),
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    assert "0001-change-line-twenty.patch: dropped: empty after the rebase (upstream absorbed it)" in out
+    assert (
+        "0001-change-line-twenty.patch: dropped: empty after the rebase (upstream absorbed it)"
+        in out
+    )
     assert "0002-change-line-thirty-five.patch: clean" in out
     # The dropped patch introduced an overlay module: upstream ships it now.
     assert "torch_overlay/torch/_new_module.py is no longer claimed" in out
     (repo / "torch_overlay" / "torch" / "_new_module.py").unlink()
     assert run("export", "--dir", str(queue_dir)) == 0
-    assert [p.subject for p in series.read_series(repo / "patches")] == ["[inductor] Change line thirty-five"]
-    assert sorted(p.name for p in (repo / "patches").glob("*.patch")) == ["0001-change-line-thirty-five.patch"]
+    assert [p.subject for p in series.read_series(repo / "patches")] == [
+        "[inductor] Change line thirty-five"
+    ]
+    assert sorted(p.name for p in (repo / "patches").glob("*.patch")) == [
+        "0001-change-line-thirty-five.patch"
+    ]
     assert run("check", "--wheel", str(new_wheel)) == 0
 
 
@@ -183,23 +260,41 @@ def test_malformed_version_is_refused(stack, queue_dir, capsys, version):
     assert (_queue_state(queue_dir), _patch_files(repo)) == (before, files)
 
 
-def test_current_base_and_missing_wheels_are_refused(stack, queue_dir, tmp_path, capsys, monkeypatch):
+def test_current_base_and_missing_wheels_are_refused(
+    stack, queue_dir, tmp_path, capsys, monkeypatch
+):
     repo, _, run = stack
     before, files = _queue_state(queue_dir), _patch_files(repo)
     assert run("rebase", "--onto", "2.13.0", "--dir", str(queue_dir)) == 1
     assert "already on torch 2.13.0" in capsys.readouterr().err
-    assert run("rebase", "--onto", "2.14.0", "--dir", str(queue_dir), "--wheel", str(tmp_path / "none.whl")) == 1
+    assert (
+        run(
+            "rebase",
+            "--onto",
+            "2.14.0",
+            "--dir",
+            str(queue_dir),
+            "--wheel",
+            str(tmp_path / "none.whl"),
+        )
+        == 1
+    )
     assert "none.whl does not exist" in capsys.readouterr().err
 
     class PipFindsNothing:
         @staticmethod
         def run(args, **kwargs):
-            return subprocess.CompletedProcess(args, 1, "", "ERROR: No matching distribution found for torch==2.14.0")
+            return subprocess.CompletedProcess(
+                args, 1, "", "ERROR: No matching distribution found for torch==2.14.0"
+            )
 
     monkeypatch.setattr(pristine, "subprocess", PipFindsNothing)
     assert run("rebase", "--onto", "2.14.0", "--dir", str(queue_dir)) == 1
     error = capsys.readouterr().err
-    assert "no official torch==2.14.0 wheel" in error and "No matching distribution" in error
+    assert (
+        "no official torch==2.14.0 wheel" in error
+        and "No matching distribution" in error
+    )
     assert not any((repo / "build").glob("**/*.whl"))
     assert (_queue_state(queue_dir), _patch_files(repo)) == (before, files)
 
@@ -209,11 +304,33 @@ def test_dirty_or_unexported_queue_is_refused(stack, queue_dir, tmp_path, capsys
     new_wheel = _wheel_214(tmp_path, BASE_SOURCE)
     foo = queue_dir / "torch" / "foo.py"
     foo.write_text(foo.read_text() + "uncommitted\n")
-    assert run("rebase", "--onto", "2.14.0", "--dir", str(queue_dir), "--wheel", str(new_wheel)) == 1
+    assert (
+        run(
+            "rebase",
+            "--onto",
+            "2.14.0",
+            "--dir",
+            str(queue_dir),
+            "--wheel",
+            str(new_wheel),
+        )
+        == 1
+    )
     assert "has uncommitted changes" in capsys.readouterr().err
 
     queue.git(queue_dir, "commit", "-qam", LINE_35_HEADER)  # committed, not exported
     before, files = _queue_state(queue_dir), _patch_files(repo)
-    assert run("rebase", "--onto", "2.14.0", "--dir", str(queue_dir), "--wheel", str(new_wheel)) == 1
+    assert (
+        run(
+            "rebase",
+            "--onto",
+            "2.14.0",
+            "--dir",
+            str(queue_dir),
+            "--wheel",
+            str(new_wheel),
+        )
+        == 1
+    )
     assert "holds commits that patches/ does not" in capsys.readouterr().err
     assert (_queue_state(queue_dir), _patch_files(repo)) == (before, files)

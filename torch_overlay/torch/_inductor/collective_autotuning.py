@@ -86,8 +86,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor import config, ir
@@ -109,6 +108,9 @@ from torch._inductor.runtime.collective_decisions import first_tensor
 from torch._inductor.utils import convert_shape_to_inductor
 from torch._inductor.virtualized import V
 
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +123,10 @@ __all__ = [
 
 def deferral_enabled() -> bool:
     """Whether collective choices are left to the scheduler (V2) in this compile."""
-    return bool(config.defer_collective_autotuning) and config.test_configs.force_custom_op_decomposition is None
+    return (
+        bool(config.defer_collective_autotuning)
+        and config.test_configs.force_custom_op_decomposition is None
+    )
 
 
 def defer_collective_choices(
@@ -152,7 +157,9 @@ def defer_collective_choices(
     return ir.TensorBox.create(buffer)
 
 
-def finalize_collective_multi_template_buffers(operations: list[ir.Operation]) -> list[ir.Operation]:
+def finalize_collective_multi_template_buffers(
+    operations: list[ir.Operation],
+) -> list[ir.Operation]:
     """Pick and inline the agreed winner of every collective node of the graph.
 
     Every rank of each node's process group must call it, when it builds the
@@ -163,21 +170,27 @@ def finalize_collective_multi_template_buffers(operations: list[ir.Operation]) -
     on every healthy rank of a group when a member is lost or the members hold
     different nodes.
     """
-    nodes = [op for op in operations if isinstance(op, ir.CollectiveMultiTemplateBuffer)]
+    nodes = [
+        op for op in operations if isinstance(op, ir.CollectiveMultiTemplateBuffer)
+    ]
     if not nodes:
         return operations
     by_group: dict[str, list[ir.CollectiveMultiTemplateBuffer]] = {}
     for node in nodes:
         # A node whose candidates name no group (only the eager default
         # communicates) runs on the default group.
-        group_name = collective_group_name(node.choices) or resolve_group(None).group_name
+        group_name = (
+            collective_group_name(node.choices) or resolve_group(None).group_name
+        )
         by_group.setdefault(group_name, []).append(node)
     benchmark_config = CollectiveBenchmarkConfig.from_inductor_config()
     winners = {}
     for group_name in sorted(by_group):
         group_nodes = by_group[group_name]
         # Identical nodes (equal tuning keys) share one benchmark and decision.
-        sharing: dict[str, list[tuple[ir.CollectiveMultiTemplateBuffer, _Epilogue | None]]] = {}
+        sharing: dict[
+            str, list[tuple[ir.CollectiveMultiTemplateBuffer, _Epilogue | None]]
+        ] = {}
         for node in group_nodes:
             epilogue = _epilogue_to_time_with(node)
             sharing.setdefault(_tuning_key(node, epilogue), []).append((node, epilogue))
@@ -185,29 +198,50 @@ def finalize_collective_multi_template_buffers(operations: list[ir.Operation]) -
         # join also checks that every rank holds the same list of nodes.
         position = {node.get_name(): i for i, node in enumerate(group_nodes)}
         ops = [
-            _op_to_tune(*members[0], key, [position[node.get_name()] for node, _ in members])
+            _op_to_tune(
+                *members[0], key, [position[node.get_name()] for node, _ in members]
+            )
             for key, members in sharing.items()
         ]
-        benchmarker = CollectiveBenchmarker(group_name, benchmark_config, group_nodes[0].get_device())
+        device = group_nodes[0].get_device()
+        assert device is not None  # a collective node's output has a device
+        benchmarker = CollectiveBenchmarker(group_name, benchmark_config, device)
         decisions = benchmarker.run_batch(ops)
         counters["collective_autotuning"]["shared"] += len(group_nodes) - len(sharing)
-        for members, op, decision in zip(sharing.values(), ops, decisions):
+        for members, op, decision in zip(sharing.values(), ops, decisions, strict=True):
             for node, _ in members:
                 # Identical nodes list the same choices in the same order.
-                timings = {choice: decision.time_ms(c.name) for choice, c in zip(node.choices, op.candidates)}
+                timings = {
+                    choice: decision.time_ms(c.name)
+                    for choice, c in zip(node.choices, op.candidates, strict=True)
+                }
                 # The op's eager implementation; None when it was registered
                 # with include_fallback=False.
-                default = next((choice for choice, c in zip(node.choices, op.candidates) if c.is_default), None)
-                winner = select_winner(timings, node.choices, benchmark_config.tie_tolerance)
-                if winner is None:  # nothing qualified on every rank: what V1 falls back to
+                default = next(
+                    (
+                        choice
+                        for choice, c in zip(node.choices, op.candidates, strict=True)
+                        if c.is_default
+                    ),
+                    None,
+                )
+                winner = select_winner(
+                    timings, node.choices, benchmark_config.tie_tolerance
+                )
+                if winner is None:
+                    # nothing qualified on every rank: what V1 falls back to
                     winner = default if default is not None else node.choices[0]
                 if default is not None:
-                    winner = _apply_speedup_threshold(winner, default, timings, node.min_speedup_threshold)
+                    winner = _apply_speedup_threshold(
+                        winner, default, timings, node.min_speedup_threshold
+                    )
                 winners[node.get_name()] = _report(node, winner, timings)
     # Inline every winner first and splice afterwards: operation names come
     # from the length of V.graph.operations, which must not shrink while ops
     # are still being registered.
-    replacements = [(node, *_inline_winner(node, winners[node.get_name()])) for node in nodes]
+    replacements = [
+        (node, *_inline_winner(node, winners[node.get_name()])) for node in nodes
+    ]
     for node, new_ops, out_buffer in replacements:
         _splice(node, new_ops, out_buffer)
     return V.graph.operations
@@ -221,7 +255,13 @@ def finalize_collective_multi_template_buffers(operations: list[ir.Operation]) -
 # in the key.  Value-dependent simplifications (x + 0, x * 1) are made by the
 # post-grad passes, before the epilogue is read.
 _VALUE_FREE_SCALAR_OPS = frozenset(
-    {torch.ops.aten.add, torch.ops.aten.sub, torch.ops.aten.mul, torch.ops.aten.div, torch.ops.aten.rsub}
+    {
+        torch.ops.aten.add,
+        torch.ops.aten.sub,
+        torch.ops.aten.mul,
+        torch.ops.aten.div,
+        torch.ops.aten.rsub,
+    }
 )
 
 
@@ -252,10 +292,20 @@ class _Epilogue:
                 and isinstance(user.meta.get("val"), torch.Tensor)
             ):
                 break
-            new_extras = {arg: _lowered_input(arg) for arg in user.all_input_nodes if arg is not current}
+            new_extras = {
+                arg: _lowered_input(arg)
+                for arg in user.all_input_nodes
+                if arg is not current
+            }
             if any(value is None for value in new_extras.values()):
                 break
-            extras.update({arg: value for arg, value in new_extras.items() if arg not in extras})
+            extras.update(
+                {
+                    arg: value
+                    for arg, value in new_extras.items()
+                    if arg not in extras and value is not None  # none is, see above
+                }
+            )
             chain.append(user)
             current = user
         if not chain:
@@ -284,17 +334,27 @@ class _Epilogue:
         )
 
 
-def _structure(fx_node: torch.fx.Node, chain: list[torch.fx.Node], extras: dict[torch.fx.Node, ir.IRNode]) -> str:
+def _structure(
+    fx_node: torch.fx.Node,
+    chain: list[torch.fx.Node],
+    extras: dict[torch.fx.Node, ir.IRNode],
+) -> str:
     names = {fx_node: "out", **{arg: f"in{i}" for i, arg in enumerate(extras)}}
     names.update({user: f"t{j}" for j, user in enumerate(chain)})
     parts = []
     for user in chain:
-        value_free = user.target.overloadpacket in _VALUE_FREE_SCALAR_OPS
+        target = user.target
+        assert isinstance(target, torch._ops.OpOverload)  # as _Epilogue.find checked
+        value_free = target.overloadpacket in _VALUE_FREE_SCALAR_OPS
 
         def describe(value: Any, value_free: bool = value_free) -> str:
             if isinstance(value, torch.fx.Node):
                 return names[value]
-            if value_free and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if (
+                value_free
+                and isinstance(value, (int, float))
+                and not isinstance(value, bool)
+            ):
                 return type(value).__name__
             return repr(value)
 
@@ -302,7 +362,8 @@ def _structure(fx_node: torch.fx.Node, chain: list[torch.fx.Node], extras: dict[
         kwargs = torch.fx.node.map_aggregate(dict(user.kwargs), describe)
         parts.append(f"{names[user]}={user.target}{args}{kwargs}")
     parts += [
-        f"in{i}:{value.get_size()},{value.get_stride()},{value.get_dtype()}" for i, value in enumerate(extras.values())
+        f"in{i}:{value.get_size()},{value.get_stride()},{value.get_dtype()}"
+        for i, value in enumerate(extras.values())
     ]
     return "; ".join(parts)
 
@@ -354,13 +415,18 @@ def _trace(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
 
     from torch._inductor.decomposition import select_decomp_table
 
-    return make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic")(*args)
+    return make_fx(
+        fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic"
+    )(*args)
 
 
-def _with_epilogue_caller(choice: Any, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue) -> Any:
+def _with_epilogue_caller(
+    choice: Any, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue
+) -> Any:
     """A subgraph choice that runs ``choice`` (``None``: nothing) and then the epilogue."""
     from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
 
+    run: Callable[..., Any]
     if choice is None:
         inputs: list[Any] = [ir.TensorBox.create(node)]
 
@@ -377,16 +443,20 @@ def _with_epilogue_caller(choice: Any, node: ir.CollectiveMultiTemplateBuffer, e
             return torch.fx.Interpreter(epilogue.gm).run(out, *args[count:])
 
         name = f"{choice.name}_with_epilogue"
+    # The epilogue's inputs are IRNodes that its lowering held (TensorBoxes).
+    input_nodes: list[Any] = [*inputs, *epilogue.extra_inputs]
     return SubgraphChoiceCaller(
         name=name,
-        input_nodes=[*inputs, *epilogue.extra_inputs],
+        input_nodes=input_nodes,
         layout=epilogue.layout,
         description=f"{name} ({epilogue.key})",
         make_fx_graph=functools.partial(_trace, run),
     )
 
 
-def _tuning_key(node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None) -> str:
+def _tuning_key(
+    node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None
+) -> str:
     # What the node's candidates compute, on which layouts, and what they are
     # timed with: nodes with equal keys measure the same thing.  A node
     # without an epilogue measures what V1 measures (see
@@ -395,17 +465,27 @@ def _tuning_key(node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | No
 
 
 def _op_to_tune(
-    node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None, tuning_key: str, nodes: list[int]
+    node: ir.CollectiveMultiTemplateBuffer,
+    epilogue: _Epilogue | None,
+    tuning_key: str,
+    nodes: list[int],
 ) -> OpToTune:
     runners = _NodeRunners(node, epilogue)
     candidates = [
-        Candidate(name, functools.partial(runners.run, index), is_default, functools.partial(runners.prepare, index))
+        Candidate(
+            name,
+            functools.partial(runners.run, index),
+            is_default,
+            functools.partial(runners.prepare, index),
+        )
         for index, (name, is_default) in enumerate(candidate_names(node.choices))
     ]
     shapes = [(tuple(inp.get_size()), inp.get_dtype()) for inp in node.original_inputs]
     then = f" then {epilogue.key}" if epilogue is not None else ""
     return OpToTune(
-        f"{node.op_name} {shapes}{then} (the group's collective nodes {nodes})", candidates, memo_key=tuning_key
+        f"{node.op_name} {shapes}{then} (the group's collective nodes {nodes})",
+        candidates,
+        memo_key=tuning_key,
     )
 
 
@@ -417,7 +497,9 @@ class _NodeRunners:
     or that shares its tuning key with an earlier node, costs none of it.
     """
 
-    def __init__(self, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None) -> None:
+    def __init__(
+        self, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None
+    ) -> None:
         self.node, self.epilogue = node, epilogue
 
     @functools.cached_property
@@ -425,11 +507,15 @@ class _NodeRunners:
         from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
         node = self.node
+        layout = node.layout
+        assert isinstance(layout, ir.Layout)  # it is constructed with one
         args = AlgorithmSelectorCache.get_inputs(
-            node.choices, list(node.original_inputs), node.layout, node.input_gen_fns
+            node.choices, list(node.original_inputs), layout, node.input_gen_fns
         )
         candidates, _ = collective_candidates(
-            node.choices, args, uses_layout_preserving_inputs=AlgorithmSelectorCache._uses_layout_preserving_inputs
+            node.choices,
+            args,
+            uses_layout_preserving_inputs=AlgorithmSelectorCache._uses_layout_preserving_inputs,
         )
         if self.epilogue is not None:
             candidates = _time_with_epilogue(node, candidates, args, self.epilogue)
@@ -453,11 +539,15 @@ def _time_with_epilogue(
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
     inputs, _ = args.get_benchmark_tensors(True).unpack()
-    extras = [AlgorithmSelectorCache.benchmark_example_value(value) for value in epilogue.extra_inputs]
+    extras = [
+        AlgorithmSelectorCache.benchmark_example_value(value)
+        for value in epilogue.extra_inputs
+    ]
     epilogue_out = AlgorithmSelectorCache.benchmark_example_value(epilogue.layout)
     epilogue_only = None
     timed = []
-    for choice, candidate in zip(node.choices, candidates):
+    fn: Callable[[], Any]
+    for choice, candidate in zip(node.choices, candidates, strict=True):
         if getattr(choice, "gm", None) is not None:
             # Compiled together: the candidate's tail fuses with the epilogue
             # exactly as it will once the winner is inlined.
@@ -473,14 +563,18 @@ def _time_with_epilogue(
             alone = epilogue_only
 
             def fn(run: Callable[[], Any] = candidate.fn, alone: Any = alone) -> Any:
-                return alone.benchmark_collective(first_tensor(run()), *extras, out=epilogue_out)
+                return alone.benchmark_collective(
+                    first_tensor(run()), *extras, out=epilogue_out
+                )
 
             prepare = _both(candidate.prepare, alone._ensure_compiled)
         timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
     return timed
 
 
-def _both(first: Callable[[], Any] | None, second: Callable[[], Any]) -> Callable[[], None]:
+def _both(
+    first: Callable[[], Any] | None, second: Callable[[], Any]
+) -> Callable[[], None]:
     def prepare() -> None:
         if first is not None:
             first()
@@ -489,46 +583,77 @@ def _both(first: Callable[[], Any] | None, second: Callable[[], Any]) -> Callabl
     return prepare
 
 
-def _apply_speedup_threshold(winner: Any, default: Any, timings: dict[Any, float], threshold: float) -> Any:
+def _apply_speedup_threshold(
+    winner: Any, default: Any, timings: dict[Any, float], threshold: float
+) -> Any:
     # The rule of autotune_select_algorithm's min_speedup_threshold: a
     # decomposition must beat the eager default by the given factor.
-    if winner is default or threshold <= 1.0 or timings[default] / timings[winner] >= threshold:
+    if (
+        winner is default
+        or threshold <= 1.0
+        or timings[default] / timings[winner] >= threshold
+    ):
         return winner
     return default
 
 
-def _report(node: ir.CollectiveMultiTemplateBuffer, winner: Any, timings: dict[Any, float]) -> Any:
+def _report(
+    node: ir.CollectiveMultiTemplateBuffer, winner: Any, timings: dict[Any, float]
+) -> Any:
     # The hooks autotune_select_algorithm calls after benchmarking, so that
     # tools built on them see both paths alike.  The timings are the agreed
     # ones (with the epilogue under this path), the same on every rank.
     from torch._inductor.select_algorithm import get_algorithm_selector_cache
 
     def profiled_time_fn(choices_override: Any = None) -> dict[Any, float]:
-        raise NotImplementedError("collective choices are only timed by their whole group, in lock-step")
+        raise NotImplementedError(
+            "collective choices are only timed by their whole group, in lock-step"
+        )
 
     for feedback in get_algorithm_selector_cache().feedback_saver_fns:
-        feedback(timings, node.op_name, list(node.original_inputs), node.choices, profiled_time_fn, {})
+        feedback(
+            timings,
+            node.op_name,
+            list(node.original_inputs),
+            node.choices,
+            profiled_time_fn,
+            {},
+        )
     return V.choices.override_best_choice(winner, timings)
 
 
 # --- replacing a node with its winner ----------------------------------------------
-def _inline_winner(node: ir.CollectiveMultiTemplateBuffer, winner: Any) -> tuple[list[ir.Operation], ir.Buffer]:
+def _inline_winner(
+    node: ir.CollectiveMultiTemplateBuffer, winner: Any
+) -> tuple[list[ir.Operation], ir.OperationBuffer]:
     from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
 
     registered = len(V.graph.operations)
     # Lowering code reads the FX node being lowered; outside of lowering it is
     # the node's own.
-    with ir.IRNode.current_origins(node.origins), V.set_current_node(node.fx_node):
+    with (
+        ir.IRNode.current_origins(node.origins),
+        # None when the node was made outside lowering: as there, no FX node.
+        V.set_current_node(node.fx_node),  # type: ignore[arg-type]
+    ):
         if getattr(winner, "gm", None) is not None:
-            result = inline_subgraph_to_ir_nodes(winner.gm, list(node.original_inputs), node.op_name)
-            out_buffer = _materialize(result, node.layout)
+            result = inline_subgraph_to_ir_nodes(
+                winner.gm, list(node.original_inputs), node.op_name
+            )
+            layout = node.layout
+            assert isinstance(layout, ir.Layout)  # it is constructed with one
+            out_buffer = _materialize(result, layout)
             if winner.config_patches:
                 for op in V.graph.operations[registered:]:
                     op.set_config_patches(winner.config_patches.copy())
         else:
             out_buffer = winner.output_node().data.data
             out_buffer.layout = node.layout
-    log.debug("collective node %s: inlined %s", node.get_name(), getattr(winner, "name", winner))
+    log.debug(
+        "collective node %s: inlined %s",
+        node.get_name(),
+        getattr(winner, "name", winner),
+    )
     return V.graph.operations[registered:], out_buffer
 
 
@@ -540,7 +665,10 @@ def _materialize(result: ir.TensorBox, layout: ir.Layout) -> ir.ComputedBuffer:
         name=None,
         layout=layout,
         data=ir.Pointwise(
-            device=layout.device, dtype=layout.dtype, inner_fn=result.make_loader(), ranges=list(layout.size)
+            device=layout.device,
+            dtype=layout.dtype,
+            inner_fn=result.make_loader(),
+            ranges=list(layout.size),
         ),
     )
     buffer.name = V.graph.register_buffer(buffer)
@@ -548,7 +676,11 @@ def _materialize(result: ir.TensorBox, layout: ir.Layout) -> ir.ComputedBuffer:
     return buffer
 
 
-def _splice(node: ir.CollectiveMultiTemplateBuffer, new_ops: list[ir.Operation], out_buffer: ir.Buffer) -> None:
+def _splice(
+    node: ir.CollectiveMultiTemplateBuffer,
+    new_ops: list[ir.Operation],
+    out_buffer: ir.OperationBuffer,
+) -> None:
     # The winner's operations take the node's place in program order (comm
     # ordering depends on it) and its output takes the node's names (users,
     # graph outputs and the wrapper refer to the node by name).

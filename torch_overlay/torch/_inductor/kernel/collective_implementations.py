@@ -10,6 +10,7 @@ lists such ways and registers them for a custom op's autotuning in one call::
     @torch.library.custom_op("mylib::all_reduce", mutates_args=())
     def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor: ...
 
+
     register_collective_implementations(all_reduce, "all_reduce")
 
 Every rank of the group then benchmarks the implementations together and
@@ -42,11 +43,15 @@ transfer of one piece overlap the wait for another.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast, TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from torch.distributed.distributed_c10d import GroupName
 
 
 __all__ = [
@@ -64,13 +69,14 @@ def _wait(tensor: torch.Tensor) -> torch.Tensor:
 def _size(group_name: str) -> int:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    return _resolve_process_group(group_name).size()
+    # cast, not GroupName(): Dynamo traces this (as _functional_collectives does)
+    return _resolve_process_group(cast("GroupName", group_name)).size()
 
 
 def _rank(group_name: str) -> int:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    return _resolve_process_group(group_name).rank()
+    return _resolve_process_group(cast("GroupName", group_name)).rank()
 
 
 def _padded_flat(x: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -84,7 +90,11 @@ def _all_to_all(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return _wait(_funcol.all_to_all_single(x, splits, splits, group_name))
 
 
-def _pipelined(pieces: Sequence[torch.Tensor], issue: Callable[[torch.Tensor], torch.Tensor], in_flight: int):
+def _pipelined(
+    pieces: Sequence[torch.Tensor],
+    issue: Callable[[torch.Tensor], torch.Tensor],
+    in_flight: int,
+) -> list[torch.Tensor]:
     # Issue one collective per piece, waiting for the oldest whenever
     # in_flight of them are outstanding; results in order.
     pending: list[torch.Tensor] = []
@@ -102,7 +112,9 @@ def all_reduce_direct(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return _wait(_funcol.all_reduce(x, "sum", group_name))
 
 
-def all_reduce_reduce_scatter_all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
+def all_reduce_reduce_scatter_all_gather(
+    x: torch.Tensor, group_name: str
+) -> torch.Tensor:
     """Each rank reduces one shard, then the shards are gathered: bandwidth-bound sizes."""
     world = _size(group_name)
     flat = _padded_flat(x, world)
@@ -114,14 +126,20 @@ def all_reduce_reduce_scatter_all_gather(x: torch.Tensor, group_name: str) -> to
 def all_reduce_all_gather_sum(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """Every rank gathers every input and sums locally: one collective, for latency-bound sizes."""
     world = _size(group_name)
-    gathered = _wait(_funcol.all_gather_into_tensor(x.reshape(1, -1), world, group_name))
+    gathered = _wait(
+        _funcol.all_gather_into_tensor(x.reshape(1, -1), world, group_name)
+    )
     return gathered.sum(0).view_as(x)
 
 
-def all_reduce_chunked(x: torch.Tensor, group_name: str, chunks: int = 4, in_flight: int = 2) -> torch.Tensor:
+def all_reduce_chunked(
+    x: torch.Tensor, group_name: str, chunks: int = 4, in_flight: int = 2
+) -> torch.Tensor:
     """``chunks`` all_reduces of pieces of ``x``, at most ``in_flight`` outstanding."""
     pieces = x.reshape(-1).tensor_split(chunks)
-    reduced = _pipelined(pieces, lambda piece: _funcol.all_reduce(piece, "sum", group_name), in_flight)
+    reduced = _pipelined(
+        pieces, lambda piece: _funcol.all_reduce(piece, "sum", group_name), in_flight
+    )
     return torch.cat(reduced).view_as(x)
 
 
@@ -142,14 +160,22 @@ def all_gather_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
     world, rank = _size(group_name), _rank(group_name)
     slots = x.new_zeros((world, *x.shape))
     slots = torch.cat([slots[:rank], x.unsqueeze(0), slots[rank + 1 :]])
-    return _wait(_funcol.all_reduce(slots, "sum", group_name)).view(world * x.shape[0], *x.shape[1:])
+    return _wait(_funcol.all_reduce(slots, "sum", group_name)).view(
+        world * x.shape[0], *x.shape[1:]
+    )
 
 
-def all_gather_chunked(x: torch.Tensor, group_name: str, chunks: int = 2, in_flight: int = 2) -> torch.Tensor:
+def all_gather_chunked(
+    x: torch.Tensor, group_name: str, chunks: int = 2, in_flight: int = 2
+) -> torch.Tensor:
     """``chunks`` all_gathers of pieces of dim 0, at most ``in_flight`` outstanding."""
     world = _size(group_name)
     pieces = x.tensor_split(chunks)
-    gathered = _pipelined(pieces, lambda piece: _funcol.all_gather_into_tensor(piece, world, group_name), in_flight)
+    gathered = _pipelined(
+        pieces,
+        lambda piece: _funcol.all_gather_into_tensor(piece, world, group_name),
+        in_flight,
+    )
     # Piece j gathered is [rank 0's piece j, rank 1's piece j, ...]: regroup by rank.
     per_rank = [g.view(world, -1, *x.shape[1:]) for g in gathered]
     return torch.cat(per_rank, dim=1).view(world * x.shape[0], *x.shape[1:])
@@ -181,14 +207,25 @@ def all_to_all_direct(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return _all_to_all(x, group_name)
 
 
-def all_to_all_chunked(x: torch.Tensor, group_name: str, chunks: int = 2, in_flight: int = 2) -> torch.Tensor:
+def all_to_all_chunked(
+    x: torch.Tensor, group_name: str, chunks: int = 2, in_flight: int = 2
+) -> torch.Tensor:
     """Every rank's slice cut in ``chunks`` pieces, one all_to_all per piece, at most ``in_flight`` outstanding."""
     world = _size(group_name)
     slices = x.view(world, x.shape[0] // world, *x.shape[1:])
-    pieces = [piece.reshape(-1, *x.shape[1:]) for piece in slices.tensor_split(chunks, dim=1)]
-    splits = lambda piece: [piece.shape[0] // world] * world  # noqa: E731
+    pieces = [
+        piece.reshape(-1, *x.shape[1:]) for piece in slices.tensor_split(chunks, dim=1)
+    ]
+
+    def splits(piece: torch.Tensor) -> list[int]:
+        return [piece.shape[0] // world] * world
+
     exchanged = _pipelined(
-        pieces, lambda piece: _funcol.all_to_all_single(piece, splits(piece), splits(piece), group_name), in_flight
+        pieces,
+        lambda piece: _funcol.all_to_all_single(
+            piece, splits(piece), splits(piece), group_name
+        ),
+        in_flight,
     )
     per_rank = [e.view(world, -1, *x.shape[1:]) for e in exchanged]
     return torch.cat(per_rank, dim=1).view_as(x)
@@ -198,11 +235,15 @@ def all_to_all_all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """Every rank gathers every input and keeps its own slices: one collective, ``world`` times the data."""
     world, rank = _size(group_name), _rank(group_name)
     gathered = _wait(_funcol.all_gather_into_tensor(x, world, group_name))
-    return gathered.view(world, world, x.shape[0] // world, *x.shape[1:])[:, rank].reshape(x.shape)
+    return gathered.view(world, world, x.shape[0] // world, *x.shape[1:])[
+        :, rank
+    ].reshape(x.shape)
 
 
 # kind -> implementation name -> (function, parameters given at registration)
-IMPLEMENTATIONS: dict[str, dict[str, tuple[Callable[..., torch.Tensor], dict[str, Any]]]] = {
+IMPLEMENTATIONS: dict[
+    str, dict[str, tuple[Callable[..., torch.Tensor], dict[str, Any]]]
+] = {
     "all_reduce": {
         "direct": (all_reduce_direct, {}),
         "reduce_scatter_all_gather": (all_reduce_reduce_scatter_all_gather, {}),
@@ -229,7 +270,10 @@ IMPLEMENTATIONS: dict[str, dict[str, tuple[Callable[..., torch.Tensor], dict[str
 
 
 def register_collective_implementations(
-    custom_op: Any, kind: str, names: Sequence[str] | None = None, **autotuning_kwargs: Any
+    custom_op: Any,
+    kind: str,
+    names: Sequence[str] | None = None,
+    **autotuning_kwargs: Any,
 ) -> list[str]:
     """Register the library's implementations of ``kind`` for ``custom_op``'s autotuning.
 
@@ -242,15 +286,24 @@ def register_collective_implementations(
     the registered implementations' names, in order.  Every rank must
     register the same implementations: they are compared by name and graph.
     """
-    from torch._inductor.kernel.custom_op import CustomOpConfig, register_custom_op_autotuning
+    from torch._inductor.kernel.custom_op import (
+        CustomOpConfig,
+        register_custom_op_autotuning,
+    )
 
     if kind not in IMPLEMENTATIONS:
-        raise ValueError(f"unknown collective {kind!r}; expected one of {sorted(IMPLEMENTATIONS)}")
+        raise ValueError(
+            f"unknown collective {kind!r}; expected one of {sorted(IMPLEMENTATIONS)}"
+        )
     available = IMPLEMENTATIONS[kind]
     names = list(available) if names is None else list(names)
     unknown = [name for name in names if name not in available]
     if unknown:
-        raise ValueError(f"unknown {kind} implementations {unknown}; expected some of {list(available)}")
-    configs = [CustomOpConfig(available[name][0], **available[name][1]) for name in names]
+        raise ValueError(
+            f"unknown {kind} implementations {unknown}; expected some of {list(available)}"
+        )
+    configs = [
+        CustomOpConfig(available[name][0], **available[name][1]) for name in names
+    ]
     register_custom_op_autotuning(custom_op, configs=configs, **autotuning_kwargs)
     return names

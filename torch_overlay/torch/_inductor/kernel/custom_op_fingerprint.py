@@ -31,10 +31,12 @@ import functools
 import hashlib
 import inspect
 import types
-from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
 
 
 __all__ = [
@@ -60,18 +62,37 @@ def _value(value: Any, seen: set[int]) -> Any:
     """A description of ``value`` that is equal in every process where the value is."""
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
         return value
-    if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+    if isinstance(
+        value, (torch.dtype, torch.device, torch.layout, torch.memory_format)
+    ):
         return str(value)
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_value(item, seen) for item in value))
     if isinstance(value, (set, frozenset)):
         return ("set", tuple(sorted(repr(_value(item, seen)) for item in value)))
     if isinstance(value, dict):
-        return ("dict", tuple(sorted((repr(_value(k, seen)), _value(v, seen)) for k, v in value.items())))
+        return (
+            "dict",
+            tuple(
+                sorted(
+                    (repr(_value(k, seen)), _value(v, seen)) for k, v in value.items()
+                )
+            ),
+        )
     if isinstance(value, torch.Tensor):
         metadata = (str(value.dtype), tuple(value.shape), str(value.device))
-        if value.device.type == "cpu" and value.numel() <= _TENSOR_CONTENT_LIMIT and not value.is_sparse:
-            return ("tensor", metadata, hashlib.sha256(value.detach().contiguous().numpy().tobytes()).hexdigest())
+        if (
+            value.device.type == "cpu"
+            and value.numel() <= _TENSOR_CONTENT_LIMIT
+            and not value.is_sparse
+        ):
+            return (
+                "tensor",
+                metadata,
+                hashlib.sha256(
+                    value.detach().contiguous().numpy().tobytes()
+                ).hexdigest(),
+            )
         return ("tensor", metadata)
     if isinstance(value, types.ModuleType):
         return ("module", value.__name__)
@@ -83,8 +104,18 @@ def _value(value: Any, seen: set[int]) -> Any:
 
 
 def _code(code: types.CodeType) -> Any:
-    consts = tuple(_code(c) if isinstance(c, types.CodeType) else _value(c, set()) for c in code.co_consts)
-    return (code.co_name, code.co_code, consts, code.co_names, code.co_varnames, code.co_freevars)
+    consts = tuple(
+        _code(c) if isinstance(c, types.CodeType) else _value(c, set())
+        for c in code.co_consts
+    )
+    return (
+        code.co_name,
+        code.co_code,
+        consts,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+    )
 
 
 def _same_module_functions(fn: types.FunctionType) -> Iterator[types.FunctionType]:
@@ -98,7 +129,10 @@ def _same_module_functions(fn: types.FunctionType) -> Iterator[types.FunctionTyp
 
     for name in sorted(set(names(fn.__code__))):
         target = fn.__globals__.get(name)
-        if isinstance(target, types.FunctionType) and target.__module__ == fn.__module__:
+        if (
+            isinstance(target, types.FunctionType)
+            and target.__module__ == fn.__module__
+        ):
             yield target
 
 
@@ -108,7 +142,12 @@ def _callable(fn: Any, seen: set[int]) -> Any:
     seen = seen | {id(fn)}
     if isinstance(fn, functools.partial):
         keywords = tuple(sorted((k, _value(v, seen)) for k, v in fn.keywords.items()))
-        return ("partial", _callable(fn.func, seen), tuple(_value(a, seen) for a in fn.args), keywords)
+        return (
+            "partial",
+            _callable(fn.func, seen),
+            tuple(_value(a, seen) for a in fn.args),
+            keywords,
+        )
     if isinstance(fn, types.MethodType):
         return ("method", _callable(fn.__func__, seen), _value(fn.__self__, seen))
     if isinstance(fn, torch._ops.OpOverload):
@@ -116,9 +155,13 @@ def _callable(fn: Any, seen: set[int]) -> Any:
     if isinstance(fn, torch._ops.OpOverloadPacket):
         return ("op", fn._qualified_op_name)
     if isinstance(fn, types.FunctionType):
-        closure = tuple(_value(cell.cell_contents, seen) for cell in fn.__closure__ or ())
+        closure = tuple(
+            _value(cell.cell_contents, seen) for cell in fn.__closure__ or ()
+        )
         helpers = tuple(
-            (helper.__qualname__, _callable(helper, seen)) for helper in _same_module_functions(fn) if helper is not fn
+            (helper.__qualname__, _callable(helper, seen))
+            for helper in _same_module_functions(fn)
+            if helper is not fn
         )
         return (
             "function",
@@ -130,10 +173,19 @@ def _callable(fn: Any, seen: set[int]) -> Any:
             helpers,
         )
     if inspect.isbuiltin(fn) or inspect.isroutine(fn):
-        return ("builtin", getattr(fn, "__module__", None), getattr(fn, "__qualname__", repr(type(fn))))
+        return (
+            "builtin",
+            getattr(fn, "__module__", None),
+            getattr(fn, "__qualname__", repr(type(fn))),
+        )
     # A callable object: its class's __call__ and its attributes.
     call = type(fn).__call__
-    return ("object", _value(type(fn), seen), _callable(call, seen), _value(getattr(fn, "__dict__", {}), seen))
+    return (
+        "object",
+        _value(type(fn), seen),
+        _callable(call, seen),
+        _value(getattr(fn, "__dict__", {}), seen),
+    )
 
 
 def callable_fingerprint(fn: Callable[..., Any]) -> str:
@@ -155,7 +207,9 @@ def registration_fingerprint(
     if configs is not None:
         described_configs = tuple(
             (
-                None if config.decomposition is None else _callable(config.decomposition, seen),
+                None
+                if config.decomposition is None
+                else _callable(config.decomposition, seen),
                 _value(config.params, seen),
                 _value(config.config_patches, seen),
             )
@@ -167,7 +221,9 @@ def registration_fingerprint(
             described_configs,
             None if config_generator is None else _callable(config_generator, seen),
             None if default_impl is None else _callable(default_impl, seen),
-            tuple(sorted((name, _value(value, seen)) for name, value in options.items())),
+            tuple(
+                sorted((name, _value(value, seen)) for name, value in options.items())
+            ),
         )
     )
 
@@ -177,7 +233,9 @@ def record_registration(op_overload: torch._ops.OpOverload, fingerprint: str) ->
     _registrations[op_overload] = fingerprint
 
 
-def registered_autotuning_fingerprint(gm: torch.fx.GraphModule | None) -> tuple[tuple[str, str], ...]:
+def registered_autotuning_fingerprint(
+    gm: torch.fx.GraphModule | None,
+) -> tuple[tuple[str, str], ...]:
     """``(op, registration digest)`` of every op of ``gm`` (and its subgraphs) registered for autotuning.
 
     Empty when the graph calls no such op: a cache key that includes it

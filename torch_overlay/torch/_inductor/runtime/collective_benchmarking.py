@@ -233,11 +233,10 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -272,6 +271,9 @@ from .collective_decisions import (
     SCREENING_TOLERANCES,
     select_winner,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
 
 
 __all__ = [
@@ -343,7 +345,9 @@ class CollectiveBenchmarkConfig:
         if self.timeout <= timedelta(0):
             raise ValueError(f"timeout must be positive, got {self.timeout}")
         if self.max_wait < self.timeout:
-            raise ValueError(f"max_wait ({self.max_wait}) must be at least the timeout ({self.timeout})")
+            raise ValueError(
+                f"max_wait ({self.max_wait}) must be at least the timeout ({self.timeout})"
+            )
         if not 0.5 <= self.confidence < 1.0:
             raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
 
@@ -360,7 +364,9 @@ class CollectiveBenchmarkConfig:
             retries=config.collective_benchmark_retries,
             tie_tolerance=config.collective_benchmark_tie_tolerance,
             screen=config.collective_benchmark_screen_results,
-            max_wait=max(timedelta(seconds=config.collective_benchmark_max_wait), timeout),
+            max_wait=max(
+                timedelta(seconds=config.collective_benchmark_max_wait), timeout
+            ),
             confidence=config.collective_benchmark_confidence,
         )
 
@@ -427,11 +433,15 @@ def _wait_device(device: torch.device, deadline: float) -> None:
     event.record()
     while not event.query():
         if time.monotonic() > deadline:
-            raise CollectiveBenchmarkTimeout(f"device work on {device} did not complete in time")
+            raise CollectiveBenchmarkTimeout(
+                f"device work on {device} did not complete in time"
+            )
         time.sleep(1e-4)
 
 
-def time_runs(fn: Callable[[], Any], nruns: int, device: torch.device, deadline: float = math.inf) -> list[float]:
+def time_runs(
+    fn: Callable[[], Any], nruns: int, device: torch.device, deadline: float = math.inf
+) -> list[float]:
     """Run ``fn`` ``nruns`` times on the calling rank; each run's time in milliseconds.
 
     Host timers on CPU (a CPU candidate's collectives complete before it
@@ -451,7 +461,9 @@ class _CallFailed(Exception):
         self.index, self.error = index, error
 
 
-def _time_calls(calls: Sequence[Callable[[], Any]], device: torch.device, timeout_s: float) -> list[float]:
+def _time_calls(
+    calls: Sequence[Callable[[], Any]], device: torch.device, timeout_s: float
+) -> list[float]:
     # Each call once, in order; its time in ms.  A failure names the call
     # (_CallFailed); device work still pending timeout_s after the last call
     # is a timeout of the last call.
@@ -467,8 +479,11 @@ def _time_calls(calls: Sequence[Callable[[], Any]], device: torch.device, timeou
         return times
     module = torch.get_device_module(device)
     _wait_device(device, time.monotonic() + timeout_s)
-    events = [(module.Event(enable_timing=True), module.Event(enable_timing=True)) for _ in calls]
-    for index, (fn, (start, end)) in enumerate(zip(calls, events)):
+    events = [
+        (module.Event(enable_timing=True), module.Event(enable_timing=True))
+        for _ in calls
+    ]
+    for index, (fn, (start, end)) in enumerate(zip(calls, events, strict=True)):
         start.record()
         try:
             fn()
@@ -488,14 +503,22 @@ def _classify(error: BaseException) -> CandidateStatus:
     message = str(error).lower()
     if isinstance(error, TimeoutError) or "timed out" in message:
         return CandidateStatus.TIMED_OUT
-    if isinstance(error, dist.DistError) or "connection closed" in message or "connection reset" in message:
+    if (
+        isinstance(error, dist.DistError)
+        or "connection closed" in message
+        or "connection reset" in message
+    ):
         return CandidateStatus.PEER_FAILED
     return CandidateStatus.RAISED
 
 
 class _StepFailed(Exception):
     def __init__(
-        self, status: CandidateStatus, stage: str, error: BaseException | None = None, step: int | None = None
+        self,
+        status: CandidateStatus,
+        stage: str,
+        error: BaseException | None = None,
+        step: int | None = None,
     ) -> None:
         super().__init__(f"{status.name} during {stage}: {error!r}")
         self.status = status
@@ -518,7 +541,8 @@ class _Resume:
     """Where a session's schedule resumes after a failure agreement."""
 
     op: int
-    warmup_from: int | None  # the first candidate to warm up again; None: the op's timed runs
+    # The first candidate to warm up again; None: the op's timed runs.
+    warmup_from: int | None
 
 
 class _LocalOutcomes:
@@ -527,12 +551,15 @@ class _LocalOutcomes:
     def __init__(self) -> None:
         self.statuses: dict[tuple[int, int], CandidateStatus] = {}
         self.samples: dict[tuple[int, int], list[float]] = {}
-        self.references: dict[int, torch.Tensor] = {}  # per op: its default's first output
+        # per op: its default's first output
+        self.references: dict[int, torch.Tensor] = {}
 
-    def record_runs(self, op: int, candidates: Sequence[int], times: Sequence[float]) -> None:
+    def record_runs(
+        self, op: int, candidates: Sequence[int], times: Sequence[float]
+    ) -> None:
         for index in set(candidates):
             self.samples[(op, index)] = []
-        for index, ms in zip(candidates, times):
+        for index, ms in zip(candidates, times, strict=True):
             self.samples[(op, index)].append(ms)
 
     def forget_from(self, resume: _Resume) -> None:
@@ -563,7 +590,9 @@ def _timed(counter: str) -> Iterator[None]:
     try:
         yield
     finally:
-        counters["collective_autotuning"][counter] += time.perf_counter() - started
+        # Dynamo's counters are typed Counter[str] (int values); a Counter holds
+        # float seconds as well, which the benchmark scripts read back.
+        counters["collective_autotuning"][counter] += time.perf_counter() - started  # type: ignore[assignment]
 
 
 # Inductor numbers the subgraph choices it creates over the whole process
@@ -598,10 +627,16 @@ class CollectiveBenchmarker:
         self.rank = self.group.rank()
         self.size = self.group.size()
         self._state = group_state(self.group)
-        self._prepare_errors: dict[tuple[int, str], str] = {}  # (id of the op, candidate name) -> error
+        # (id of the op, candidate name) -> error
+        self._prepare_errors: dict[tuple[int, str], str] = {}
 
     # The public entry points --------------------------------------------------
-    def run(self, candidates: Sequence[Candidate], key: str = "", memo_key: str | None = None) -> CollectiveDecision:
+    def run(
+        self,
+        candidates: Sequence[Candidate],
+        key: str = "",
+        memo_key: str | None = None,
+    ) -> CollectiveDecision:
         """Benchmark the candidates of one op; the decision every member shares.
 
         The same as :meth:`run_batch` with one op: see there.
@@ -644,15 +679,23 @@ class CollectiveBenchmarker:
         started = time.perf_counter()
         for op in ops:
             if sum(candidate.is_default for candidate in op.candidates) > 1:
-                raise ValueError(f"at most one candidate can be the default (op {op.key!r})")
+                raise ValueError(
+                    f"at most one candidate can be the default (op {op.key!r})"
+                )
         agreed = [_pre_agreed.pop((self.group_name, op.key), None) for op in ops]
-        if ops and all(decision is not None for decision in agreed):
+        pre_agreed = [decision for decision in agreed if decision is not None]
+        if ops and len(pre_agreed) == len(ops):
             # Agreed already, in the join of a cached program's replay that this
             # compile replaces: the group met for it, it must not meet again.
-            adopted = [_adopt(decision, op) for decision, op in zip(agreed, ops)]
-            _record(self, ops, adopted)
-            return adopted
-        remembered = list(known) if known is not None else [self._recall(op) for op in ops]
+            replayed = [
+                _adopt(decision, op)
+                for decision, op in zip(pre_agreed, ops, strict=True)
+            ]
+            _record(self, ops, replayed)
+            return replayed
+        remembered: list[CollectiveDecision | None] = (
+            list(known) if known is not None else [self._recall(op) for op in ops]
+        )
         self._state.sessions += 1
         control = ControlStore(
             f"{STORE_PREFIX}/{self.group_name}/session{self._state.sessions}/",
@@ -662,10 +705,15 @@ class CollectiveBenchmarker:
         )
         with control.session():
             self._prepare_errors = {}
-            self._prepare(ops, [i for i, decision in enumerate(remembered) if decision is None])
+            self._prepare(
+                ops, [i for i, decision in enumerate(remembered) if decision is None]
+            )
             prepared = time.perf_counter()
             to_run, adopted = self._join(control, ops, remembered)
-            plans = [(ops[i], sorted(ops[i].candidates, key=lambda c: not c.is_default)) for i in to_run]
+            plans = [
+                (ops[i], sorted(ops[i].candidates, key=lambda c: not c.is_default))
+                for i in to_run
+            ]
             try:
                 with no_python_dispatcher():
                     results = self._run_session(plans, control) if plans else []
@@ -677,7 +725,9 @@ class CollectiveBenchmarker:
         for op_index, op in enumerate(ops):
             if op_index in positions:
                 position = positions[op_index]
-                decision = self._decide(results[position], has_default=plans[position][1][0].is_default)
+                decision = self._decide(
+                    results[position], has_default=plans[position][1][0].is_default
+                )
             else:
                 decision = _adopt(adopted[op_index], op)
             self._remember(op, decision)
@@ -687,8 +737,9 @@ class CollectiveBenchmarker:
         stats = counters["collective_autotuning"]
         stats["ops"] += len(to_run)
         stats["recalled"] += len(ops) - len(to_run)
-        stats["prepare_s"] += prepared - started
-        stats["session_s"] += time.perf_counter() - prepared
+        # float seconds in Dynamo's int-typed counters: see _timed
+        stats["prepare_s"] += prepared - started  # type: ignore[assignment]
+        stats["session_s"] += time.perf_counter() - prepared  # type: ignore[assignment]
         return decisions
 
     # Remembered decisions -----------------------------------------------------
@@ -697,15 +748,30 @@ class CollectiveBenchmarker:
         # name, size and backend) and the settings that change a decision;
         # the timeouts only change when a member is given up on.
         config = self.config
-        settings = (config.nwarmup, config.nruns, config.retries, config.tie_tolerance, config.screen, config.confidence)
-        group = (self.group_name, self.size, dist.get_backend(self.group), self.device.type)
+        settings = (
+            config.nwarmup,
+            config.nruns,
+            config.retries,
+            config.tie_tolerance,
+            config.screen,
+            config.confidence,
+        )
+        group = (
+            self.group_name,
+            self.size,
+            dist.get_backend(self.group),
+            self.device.type,
+        )
         return repr(group), repr(settings)
 
     def _memo_key(self, op: OpToTune) -> tuple[str, ...] | None:
         if op.memo_key is None:
             return None
         # Names carry per-compile counters; the candidates' order and roles do not.
-        return *self._group_and_settings(), f"{op.memo_key}|{[c.is_default for c in op.candidates]}"
+        return (
+            *self._group_and_settings(),
+            f"{op.memo_key}|{[c.is_default for c in op.candidates]}",
+        )
 
     def _recall(self, op: OpToTune) -> CollectiveDecision | None:
         key = self._memo_key(op)
@@ -731,12 +797,23 @@ class CollectiveBenchmarker:
                 try:
                     if candidate.prepare is not None:
                         candidate.prepare()
-                except Exception as error:  # the candidate is disqualified in its round, on every rank
-                    log.warning("collective autotuning: preparing %s failed", candidate.name, exc_info=True)
-                    self._prepare_errors[(id(ops[op_index]), candidate.name)] = repr(error)
+                except (
+                    Exception
+                ) as error:  # the candidate is disqualified in its round, on every rank
+                    log.warning(
+                        "collective autotuning: preparing %s failed",
+                        candidate.name,
+                        exc_info=True,
+                    )
+                    self._prepare_errors[(id(ops[op_index]), candidate.name)] = repr(
+                        error
+                    )
 
     def _join(
-        self, control: ControlStore, ops: Sequence[OpToTune], remembered: Sequence[CollectiveDecision | None]
+        self,
+        control: ControlStore,
+        ops: Sequence[OpToTune],
+        remembered: Sequence[CollectiveDecision | None],
     ) -> tuple[list[int], dict[int, CollectiveDecision]]:
         # The pre-sync: one store rendezvous per session.  Posting the per-op
         # digests (not only their combined digest) lets every member name the
@@ -746,11 +823,16 @@ class CollectiveBenchmarker:
         # Returns the ops that nobody remembers (the group benchmarks them)
         # and the decision adopted for every other op.
         op_digests = [_digest(f"{op.key}|{self._identity(op)}") for op in ops]
-        memos = [_decision_digest(decision) if decision is not None else "-" for decision in remembered]
+        memos = [
+            _decision_digest(decision) if decision is not None else "-"
+            for decision in remembered
+        ]
         digest = _digest(f"{op_digests}|{self.config}")
         with _timed("presync_s"):
             posts = control.rendezvous(
-                "join", f"{digest}|{','.join(op_digests)}|{','.join(memos)}", "the start of autotuning"
+                "join",
+                f"{digest}|{','.join(op_digests)}|{','.join(memos)}",
+                "the start of autotuning",
             )
         counters["collective_autotuning"]["presync"] += 1
         if len({post.split("|")[0] for post in posts}) != 1:
@@ -766,13 +848,21 @@ class CollectiveBenchmarker:
             chosen = by_member[source][i]
             if any(memo[i] != chosen for memo in by_member):
                 if self.rank == source:
-                    control.post(f"adopt{i}", decision_to_json(remembered[i]))
+                    # this rank is a holder: it remembers a decision
+                    mine = remembered[i]
+                    assert mine is not None
+                    control.post(f"adopt{i}", decision_to_json(mine))
                 if memos[i] != chosen:
                     with _timed("presync_s"):
-                        remembered_by_source = control.fetch(f"adopt{i}", source, "sharing a remembered decision")
+                        remembered_by_source = control.fetch(
+                            f"adopt{i}", source, "sharing a remembered decision"
+                        )
                     adopted[i] = decision_from_json(remembered_by_source)
                     continue
-            adopted[i] = remembered[i]
+            # this rank's memo is `chosen`, not "-": it remembers a decision
+            mine = remembered[i]
+            assert mine is not None
+            adopted[i] = mine
         return to_run, adopted
 
     def _identity(self, op: OpToTune) -> str:
@@ -782,7 +872,10 @@ class CollectiveBenchmarker:
         # the settings.  Not the memo key: a candidate's traced graph may hold
         # rank-dependent constants (which slot is this rank's), so the memo
         # key, and the decisions a rank remembers by it, are the rank's own.
-        candidates = [(_COMPILE_COUNTER.sub("", candidate.name), candidate.is_default) for candidate in op.candidates]
+        candidates = [
+            (_COMPILE_COUNTER.sub("", candidate.name), candidate.is_default)
+            for candidate in op.candidates
+        ]
         return f"{self._group_and_settings()}|{candidates}"
 
     def _raise_different_ops(self, posts: list[str], ops: Sequence[OpToTune]) -> None:
@@ -790,7 +883,11 @@ class CollectiveBenchmarker:
         mine = lists[self.rank]
         # The first op index at which two members differ (one may have no op there).
         position = next(
-            (i for i in range(max(map(len, lists))) if len({tuple(ranks[i : i + 1]) for ranks in lists}) > 1),
+            (
+                i
+                for i in range(max(map(len, lists)))
+                if len({tuple(ranks[i : i + 1]) for ranks in lists}) > 1
+            ),
             None,
         )
         if position is None:
@@ -814,7 +911,8 @@ class CollectiveBenchmarker:
         # the exchange, the next one the commit, and a member that committed
         # counts as past every step.
         competing = [[True] * len(candidates) for _, candidates in plans]
-        failed: dict[tuple[int, int], CandidateResult] = {}  # disqualified by a failure agreement
+        # disqualified by a failure agreement
+        failed: dict[tuple[int, int], CandidateResult] = {}
         attempts: dict[tuple[int, int], int] = collections.defaultdict(lambda: 1)
         local = _LocalOutcomes()
         exchange_attempts = 1
@@ -838,15 +936,26 @@ class CollectiveBenchmarker:
             except _StepFailed as error:
                 failed_at = step if error.step is None else error.step
                 failure = f"{failed_at}:{int(error.status)}:{error.stage}"
-                log.info("collective autotuning: step %d failed on this rank: %s", failed_at, error)
+                # The failure's description, without the traceback that G200
+                # asks for (exc_info): a failed candidate step is expected here.
+                log.info(  # noqa: G200
+                    "collective autotuning: step %d failed on this rank: %s",
+                    failed_at,
+                    error,
+                )
             # Only now, with the exception and its frames gone, is this rank's
             # last reference to the channel the one dropped here.
             self._drop_channel()
             epoch += 1
             counters["collective_autotuning"]["failure_agreements"] += 1
             with _timed("sync_s"):
-                posts = control.rendezvous(f"failure{epoch}", failure, "failure agreement", also=["committed"])
-            posts = [f"{commit + 1}:0:committed" if post.startswith("committed:") else post for post in posts]
+                posts = control.rendezvous(
+                    f"failure{epoch}", failure, "failure agreement", also=["committed"]
+                )
+            posts = [
+                f"{commit + 1}:0:committed" if post.startswith("committed:") else post
+                for post in posts
+            ]
             failed_step, reports, stage = earliest_failure(posts)
             if failed_step >= commit:
                 break  # every member exchanged; the commit failed somewhere: decide with the exchange
@@ -866,33 +975,59 @@ class CollectiveBenchmarker:
             if status.retryable and attempts[key] <= self.config.retries:
                 attempts[key] += 1
             else:
-                failed[key] = CandidateResult(plans[blamed.op][1][blamed.candidate].name, reports, attempts[key], stage)
+                failed[key] = CandidateResult(
+                    plans[blamed.op][1][blamed.candidate].name,
+                    reports,
+                    attempts[key],
+                    stage,
+                )
                 competing[blamed.op][blamed.candidate] = False
             # A failure in a warmup resumes at that candidate's warmup; one in
             # the timed runs restarts the op's timed runs, which must all see
             # the same stretch of time.
-            resume = _Resume(op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate)
+            resume = _Resume(
+                op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate
+            )
             local.forget_from(resume)
             gathered = None
-        width = 1 + self.config.nruns  # a candidate's status and timed runs, in the exchange
-        offsets = list(itertools.accumulate([len(candidates) * width for _, candidates in plans], initial=0))
+        # a candidate's status and timed runs, in the exchange
+        width = 1 + self.config.nruns
+        offsets = list(
+            itertools.accumulate(
+                [len(candidates) * width for _, candidates in plans], initial=0
+            )
+        )
 
-        def reports(op: int, index: int) -> tuple[RankReport, ...]:
+        # The loop ends after this rank's exchange (a failure at the commit
+        # comes after every member exchanged).
+        assert gathered is not None
+
+        def rank_reports(op: int, index: int) -> tuple[RankReport, ...]:
             start = offsets[op] + index * width
             return tuple(
-                RankReport(CandidateStatus(int(row[start])), tuple(row[start + 1 : start + width])) for row in gathered
+                RankReport(
+                    CandidateStatus(int(row[start])),
+                    tuple(row[start + 1 : start + width]),
+                )
+                for row in gathered
             )
 
         return [
             [
-                failed.get((op, index)) or CandidateResult(candidate.name, reports(op, index), attempts[(op, index)])
+                failed.get((op, index))
+                or CandidateResult(
+                    candidate.name, rank_reports(op, index), attempts[(op, index)]
+                )
                 for index, candidate in enumerate(candidates)
             ]
             for op, (_, candidates) in enumerate(plans)
         ]
 
     def _schedule(
-        self, plans: Sequence[tuple[OpToTune, list[Candidate]]], competing: list[list[bool]], resume: _Resume
+        self,
+        plans: Sequence[tuple[OpToTune, list[Candidate]]],
+        competing: list[list[bool]],
+        resume: _Resume,
     ) -> list[_Step]:
         # Per op: each competing candidate's warmup in preference order, then
         # nruns iterations in each of which every competing candidate runs
@@ -902,18 +1037,32 @@ class CollectiveBenchmarker:
             active = [index for index, on in enumerate(competing[op]) if on]
             warmup_from = resume.warmup_from if op == resume.op else 0
             if warmup_from is not None:
-                steps += [_Step(op, index, timed=False) for index in active if index >= warmup_from]
+                steps += [
+                    _Step(op, index, timed=False)
+                    for index in active
+                    if index >= warmup_from
+                ]
             for run in range(self.config.nruns):
                 order = interleaved_order(len(active), f"{plans[op][0].key}|{run}")
-                steps += [_Step(op, active[position], timed=True, run=run) for position in order]
+                steps += [
+                    _Step(op, active[position], timed=True, run=run)
+                    for position in order
+                ]
         return steps
 
     def _run_op(
-        self, plans: Sequence[tuple[OpToTune, list[Candidate]]], schedule: list[_Step], start: int, local: _LocalOutcomes
+        self,
+        plans: Sequence[tuple[OpToTune, list[Candidate]]],
+        schedule: list[_Step],
+        start: int,
+        local: _LocalOutcomes,
     ) -> int:
         # Runs the steps of one op from schedule[start]; returns where the next op starts.
         op = schedule[start].op
-        end = next((i for i in range(start, len(schedule)) if schedule[i].op != op), len(schedule))
+        end = next(
+            (i for i in range(start, len(schedule)) if schedule[i].op != op),
+            len(schedule),
+        )
         op_to_tune, candidates = plans[op]
         timed = [i for i in range(start, end) if schedule[i].timed]
         try:
@@ -922,20 +1071,34 @@ class CollectiveBenchmarker:
             raise _StepFailed(error.status, error.stage, step=start) from error
         with registered_as(self.group_name, channel):
             for i in range(start, timed[0] if timed else end):
-                self._warm_up(i, schedule[i], op_to_tune, candidates[schedule[i].candidate], local)
+                self._warm_up(
+                    i, schedule[i], op_to_tune, candidates[schedule[i].candidate], local
+                )
             if timed:
                 calls = [candidates[schedule[i].candidate].fn for i in timed]
                 try:
                     with _timed("timed_s"):
-                        times = _time_calls(calls, self.device, self.config.timeout.total_seconds())
+                        times = _time_calls(
+                            calls, self.device, self.config.timeout.total_seconds()
+                        )
                 except _CallFailed as failure:
                     raise _StepFailed(
-                        _classify(failure.error), "timed runs", failure.error, step=timed[failure.index]
+                        _classify(failure.error),
+                        "timed runs",
+                        failure.error,
+                        step=timed[failure.index],
                     ) from failure.error
                 local.record_runs(op, [schedule[i].candidate for i in timed], times)
         return end
 
-    def _warm_up(self, index: int, step: _Step, op: OpToTune, candidate: Candidate, local: _LocalOutcomes) -> None:
+    def _warm_up(
+        self,
+        index: int,
+        step: _Step,
+        op: OpToTune,
+        candidate: Candidate,
+        local: _LocalOutcomes,
+    ) -> None:
         if (id(op), candidate.name) in self._prepare_errors:
             raise _StepFailed(CandidateStatus.RAISED, "prepare", step=index)
         counters["collective_autotuning"]["rounds"] += 1
@@ -949,7 +1112,9 @@ class CollectiveBenchmarker:
                         _wait_device(self.device, self._step_deadline())
                         if candidate.is_default and output is not None:
                             local.references[step.op] = output.clone()
-                        elif self.config.screen and not outputs_match(output, local.references.get(step.op)):
+                        elif self.config.screen and not outputs_match(
+                            output, local.references.get(step.op)
+                        ):
                             # Still timed on this rank, so that its collectives
                             # stay matched; disqualified at the exchange.
                             status = CandidateStatus.WRONG_RESULT
@@ -958,7 +1123,9 @@ class CollectiveBenchmarker:
             raise _StepFailed(_classify(error), "warmup", error, step=index) from error
         local.statuses[(step.op, step.candidate)] = status
 
-    def _exchange(self, plans: Sequence[tuple[OpToTune, list[Candidate]]], local: _LocalOutcomes) -> list[list[float]]:
+    def _exchange(
+        self, plans: Sequence[tuple[OpToTune, list[Candidate]]], local: _LocalOutcomes
+    ) -> list[list[float]]:
         # Every candidate's status and timed runs on every member, in one collective.
         flat = [
             value
@@ -985,14 +1152,19 @@ class CollectiveBenchmarker:
 
     # Channel operations --------------------------------------------------------
     def _channel(self) -> dist.ProcessGroup:
-        if self._state.channel is not None and self._state.channel_timeout != self.config.timeout:
+        if (
+            self._state.channel is not None
+            and self._state.channel_timeout != self.config.timeout
+        ):
             self._drop_channel()  # every member sees the same config (it is part of the join key)
         if self._state.channel is None:
             self._state.channels += 1
             self._state.channel_timeout = self.config.timeout
             prefix = f"{STORE_PREFIX}/{self.group_name}/channel{self._state.channels}/"
             try:
-                self._state.channel = build_channel(self.group, prefix, self.config.timeout)
+                self._state.channel = build_channel(
+                    self.group, prefix, self.config.timeout
+                )
             except Exception as error:
                 raise _StepFailed(_classify(error), "channel setup", error) from error
         return self._state.channel
@@ -1005,7 +1177,11 @@ class CollectiveBenchmarker:
             channel.abort()
 
     def _reduction_tensor(self, values: list[float]) -> torch.Tensor:
-        device = torch.device("cpu") if dist.get_backend(self.group) == "gloo" else self.device
+        device = (
+            torch.device("cpu")
+            if dist.get_backend(self.group) == "gloo"
+            else self.device
+        )
         return torch.tensor(values, dtype=torch.float64, device=device)
 
     def _step_deadline(self) -> float:
@@ -1013,7 +1189,9 @@ class CollectiveBenchmarker:
 
     def _wait(self, work: dist.Work) -> None:
         if work.wait(self.config.timeout) is False:
-            raise CollectiveBenchmarkTimeout("a benchmark collective did not complete in time")
+            raise CollectiveBenchmarkTimeout(
+                "a benchmark collective did not complete in time"
+            )
 
     def _all_reduce_max(self, channel: dist.ProcessGroup, value: float) -> float:
         counters["collective_autotuning"]["sync_collectives"] += 1
@@ -1023,7 +1201,9 @@ class CollectiveBenchmarker:
         self._wait(channel.allreduce([tensor], options))
         return float(tensor.item())
 
-    def _all_gather(self, channel: dist.ProcessGroup, values: list[float]) -> list[list[float]]:
+    def _all_gather(
+        self, channel: dist.ProcessGroup, values: list[float]
+    ) -> list[list[float]]:
         counters["collective_autotuning"]["sync_collectives"] += 1
         tensor = self._reduction_tensor(values)
         gathered = [torch.empty_like(tensor) for _ in range(self.size)]
@@ -1031,8 +1211,12 @@ class CollectiveBenchmarker:
         return [row.tolist() for row in gathered]
 
     # Decision and logging ------------------------------------------------------
-    def _decide(self, results: list[CandidateResult], has_default: bool) -> CollectiveDecision:
-        index, reason = decide(results, has_default, self.config.tie_tolerance, self.config.confidence)
+    def _decide(
+        self, results: list[CandidateResult], has_default: bool
+    ) -> CollectiveDecision:
+        index, reason = decide(
+            results, has_default, self.config.tie_tolerance, self.config.confidence
+        )
         winner = None if index is None else results[index].name
         return CollectiveDecision(self.group_name, tuple(results), winner, reason)
 
@@ -1055,7 +1239,9 @@ class CollectiveBenchmarker:
                 if result.status is CandidateStatus.OK
                 else f"disqualified ({result.status.name.lower()} in {result.stage})"
             )
-            lines.append(f"  {result.name:<40} {verdict:<40} attempts={result.attempts}  {per_rank}")
+            lines.append(
+                f"  {result.name:<40} {verdict:<40} attempts={result.attempts}  {per_rank}"
+            )
         decision_log.debug("\n".join(lines))
 
 
@@ -1077,7 +1263,9 @@ def _decision_file(key: tuple[str, ...]) -> Path | None:
 
     if not config.autotune_local_cache:
         return None
-    name = hashlib.sha256(repr((key, torch.__version__, _STORED_DECISION_FORMAT)).encode()).hexdigest()[:40]
+    name = hashlib.sha256(
+        repr((key, torch.__version__, _STORED_DECISION_FORMAT)).encode()
+    ).hexdigest()[:40]
     return Path(cache_dir()) / "collective_decisions" / f"{name}.json"
 
 
@@ -1088,7 +1276,11 @@ def _stored_decision(key: tuple[str, ...]) -> CollectiveDecision | None:
     try:
         return decision_from_json(path.read_text())
     except (OSError, ValueError, KeyError, TypeError):
-        log.warning("collective autotuning: ignoring an unreadable stored decision %s", path, exc_info=True)
+        log.warning(
+            "collective autotuning: ignoring an unreadable stored decision %s",
+            path,
+            exc_info=True,
+        )
         return None
 
 
@@ -1119,8 +1311,8 @@ class RecordedSession:
     decisions: tuple[CollectiveDecision, ...]
 
 
-_recording: contextvars.ContextVar[list[RecordedSession] | None] = contextvars.ContextVar(
-    "collective_sessions_recording", default=None
+_recording: contextvars.ContextVar[list[RecordedSession] | None] = (
+    contextvars.ContextVar("collective_sessions_recording", default=None)
 )
 
 
@@ -1135,14 +1327,24 @@ def recorded_sessions() -> Iterator[list[RecordedSession]]:
         _recording.reset(token)
 
 
-def _record(benchmarker: CollectiveBenchmarker, ops: Sequence[OpToTune], decisions: Sequence[CollectiveDecision]):
+def _record(
+    benchmarker: CollectiveBenchmarker,
+    ops: Sequence[OpToTune],
+    decisions: Sequence[CollectiveDecision],
+) -> None:
     sessions = _recording.get()
     if sessions is not None:
         described = tuple(
-            (op.key, tuple((c.name, c.is_default) for c in op.candidates), op.memo_key) for op in ops
+            (op.key, tuple((c.name, c.is_default) for c in op.candidates), op.memo_key)
+            for op in ops
         )
         sessions.append(
-            RecordedSession(benchmarker.group_name, benchmarker.device.type, described, tuple(decisions))
+            RecordedSession(
+                benchmarker.group_name,
+                benchmarker.device.type,
+                described,
+                tuple(decisions),
+            )
         )
 
 
@@ -1167,18 +1369,28 @@ def replay_sessions(sessions: Sequence[RecordedSession]) -> bool:
     consistent = True
     for session in sessions:
         ops = [
-            OpToTune(key, [Candidate(name, _never_run, is_default) for name, is_default in candidates], memo_key)
+            OpToTune(
+                key,
+                [
+                    Candidate(name, _never_run, is_default)
+                    for name, is_default in candidates
+                ],
+                memo_key,
+            )
             for key, candidates, memo_key in session.ops
         ]
-        benchmarker = CollectiveBenchmarker(session.group_name, config, torch.device(session.device_type))
+        benchmarker = CollectiveBenchmarker(
+            session.group_name, config, torch.device(session.device_type)
+        )
         decisions = benchmarker.run_batch(ops, known=session.decisions)
         consistent = consistent and all(
-            _decision_digest(mine) == _decision_digest(group) for mine, group in zip(session.decisions, decisions)
+            _decision_digest(mine) == _decision_digest(group)
+            for mine, group in zip(session.decisions, decisions, strict=True)
         )
         agreed.append((session.group_name, ops, decisions))
     if not consistent:
         for group_name, ops, decisions in agreed:
-            for op, decision in zip(ops, decisions):
+            for op, decision in zip(ops, decisions, strict=True):
                 _pre_agreed[(group_name, op.key)] = decision
     counters["collective_autotuning"]["replayed_sessions"] += len(sessions)
     return consistent
@@ -1190,17 +1402,35 @@ def _decision_digest(decision: CollectiveDecision) -> str:
     # candidate names carry per-compile counters.
     names = [result.name for result in decision.results]
     winner = names.index(decision.winner) if decision.winner is not None else None
-    return _digest(repr((winner, [(result.status.name, result.time_ms) for result in decision.results])))
+    return _digest(
+        repr(
+            (
+                winner,
+                [(result.status.name, result.time_ms) for result in decision.results],
+            )
+        )
+    )
 
 
 def _adopt(remembered: CollectiveDecision, op: OpToTune) -> CollectiveDecision:
     # The remembered results, in preference order (the default first), under
     # this op's candidate names: the same candidates, named by another compile.
-    names = [candidate.name for candidate in sorted(op.candidates, key=lambda candidate: not candidate.is_default)]
-    renamed = {result.name: name for result, name in zip(remembered.results, names)}
+    names = [
+        candidate.name
+        for candidate in sorted(
+            op.candidates, key=lambda candidate: not candidate.is_default
+        )
+    ]
+    renamed = {
+        result.name: name
+        for result, name in zip(remembered.results, names, strict=True)
+    }
     return CollectiveDecision(
         remembered.group_name,
-        tuple(dataclasses.replace(result, name=renamed[result.name]) for result in remembered.results),
+        tuple(
+            dataclasses.replace(result, name=renamed[result.name])
+            for result in remembered.results
+        ),
         None if remembered.winner is None else renamed[remembered.winner],
         f"{remembered.reason}; remembered from an earlier session, adopted by every rank",
     )
@@ -1219,7 +1449,9 @@ def sync_with_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> No
     try:
         completed = work.wait(timeout)
     except RuntimeError as error:  # gloo reports a timed-out wait by raising
-        raise CollectiveBenchmarkTimeout(f"barrier did not complete within {timeout}: {error}") from error
+        raise CollectiveBenchmarkTimeout(
+            f"barrier did not complete within {timeout}: {error}"
+        ) from error
     if completed is False:
         raise CollectiveBenchmarkTimeout(f"barrier did not complete within {timeout}")
 
@@ -1239,7 +1471,9 @@ def try_collective_benchmark_with_timeout(
     every member when ``fn`` raised or timed out on any of them.  Raises
     :class:`CollectiveBenchmarkError` when a member is lost.
     """
-    benchmarker = CollectiveBenchmarker(group, config or CollectiveBenchmarkConfig(), device)
+    benchmarker = CollectiveBenchmarker(
+        group, config or CollectiveBenchmarkConfig(), device
+    )
     decision = benchmarker.run([Candidate(name, fn)], key=name)
     return decision.time_ms(name)
 
@@ -1258,14 +1492,20 @@ def collective_group_name(choices: Sequence[Any]) -> str | None:
         if gm is None:
             continue
         for node in gm.graph.nodes:
-            if node.op != "call_function" or getattr(node.target, "namespace", None) != "_c10d_functional":
+            if (
+                node.op != "call_function"
+                or getattr(node.target, "namespace", None) != "_c10d_functional"
+            ):
                 continue
             schema = node.target._schema
-            for argument, value in zip(schema.arguments, node.args):
+            # node.args omits trailing defaulted arguments: pairs up to its end.
+            for argument, value in zip(schema.arguments, node.args, strict=False):
                 if argument.name == "group_name":
                     names.setdefault(str(value), getattr(choice, "name", "?"))
             if "group_name" in node.kwargs:
-                names.setdefault(str(node.kwargs["group_name"]), getattr(choice, "name", "?"))
+                names.setdefault(
+                    str(node.kwargs["group_name"]), getattr(choice, "name", "?")
+                )
     if len(names) > 1:
         raise CollectiveBenchmarkError(
             "collective autotuning: the candidates of one op must use one process group, "
@@ -1275,7 +1515,10 @@ def collective_group_name(choices: Sequence[Any]) -> str | None:
 
 
 def collective_candidates(
-    choices: Sequence[Any], autotune_args: Any, *, uses_layout_preserving_inputs: Callable[[Any], bool]
+    choices: Sequence[Any],
+    autotune_args: Any,
+    *,
+    uses_layout_preserving_inputs: Callable[[Any], bool],
 ) -> tuple[list[Candidate], str]:
     """The :class:`Candidate` of each Inductor ``ChoiceCaller``, and a key of their inputs.
 
@@ -1283,8 +1526,12 @@ def collective_candidates(
     Local work only: no rank waits for another.
     """
     candidates: list[Candidate] = []
-    for choice, (name, is_default) in zip(choices, candidate_names(choices)):
-        inputs, output = autotune_args.get_benchmark_tensors(uses_layout_preserving_inputs(choice)).unpack()
+    for choice, (name, is_default) in zip(
+        choices, candidate_names(choices), strict=True
+    ):
+        inputs, output = autotune_args.get_benchmark_tensors(
+            uses_layout_preserving_inputs(choice)
+        ).unpack()
         output.zero_()
         candidates.append(
             Candidate(
@@ -1295,7 +1542,12 @@ def collective_candidates(
                 prepare=getattr(choice, "_ensure_compiled", None),
             )
         )
-    shapes = [(tuple(t.shape), t.dtype) for t in inputs if isinstance(t, torch.Tensor)]
+    # choices always holds the op's default: the last choice's inputs exist.
+    shapes = [
+        (tuple(t.shape), t.dtype)
+        for t in inputs  # type: ignore[possibly-undefined]
+        if isinstance(t, torch.Tensor)
+    ]
     return candidates, f"{shapes}"
 
 
@@ -1305,10 +1557,14 @@ def candidate_names(choices: Sequence[Any]) -> list[tuple[str, bool]]:
     Names are ``"{index}:{choice name}"``; the first choice without a graph
     (the op's eager implementation) is the default.
     """
-    names = []
+    names: list[tuple[str, bool]] = []
     for index, choice in enumerate(choices):
-        is_default = is_default_choice(choice) and not any(default for _, default in names)
-        names.append((f"{index}:{getattr(choice, 'name', type(choice).__name__)}", is_default))
+        is_default = is_default_choice(choice) and not any(
+            default for _, default in names
+        )
+        names.append(
+            (f"{index}:{getattr(choice, 'name', type(choice).__name__)}", is_default)
+        )
     return names
 
 
@@ -1330,13 +1586,24 @@ def benchmark_collective_choices(
     config = config or CollectiveBenchmarkConfig.from_inductor_config()
     group_name = collective_group_name(choices)
     candidates, key = collective_candidates(
-        choices, autotune_args, uses_layout_preserving_inputs=uses_layout_preserving_inputs
+        choices,
+        autotune_args,
+        uses_layout_preserving_inputs=uses_layout_preserving_inputs,
     )
-    inputs, output = autotune_args.get_benchmark_tensors(uses_layout_preserving_inputs(choices[0])).unpack()
-    benchmarker = CollectiveBenchmarker(group_name, config, device_of([*inputs, output]))
+    inputs, output = autotune_args.get_benchmark_tensors(
+        uses_layout_preserving_inputs(choices[0])
+    ).unpack()
+    benchmarker = CollectiveBenchmarker(
+        group_name, config, device_of([*inputs, output])
+    )
     # Each candidate timed alone: what V2 measures for an op without an epilogue.
-    decision = benchmarker.run(candidates, key=key, memo_key=f"{choices_identity(choices)}|alone")
-    return {choice: decision.time_ms(candidate.name) for choice, candidate in zip(choices, candidates)}
+    decision = benchmarker.run(
+        candidates, key=key, memo_key=f"{choices_identity(choices)}|alone"
+    )
+    return {
+        choice: decision.time_ms(candidate.name)
+        for choice, candidate in zip(choices, candidates, strict=True)
+    }
 
 
 def choices_identity(choices: Sequence[Any]) -> str:
@@ -1362,7 +1629,9 @@ def choices_identity(choices: Sequence[Any]) -> str:
     return _digest("\n".join(parts))
 
 
-def _choice_runner(choice: Any, inputs: Sequence[Any], output: torch.Tensor) -> Callable[[], Any]:
+def _choice_runner(
+    choice: Any, inputs: Sequence[Any], output: torch.Tensor
+) -> Callable[[], Any]:
     def run() -> Any:
         result = choice.benchmark_collective(*inputs, out=output)
         return output if result is None else result

@@ -39,12 +39,16 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from datetime import timedelta
 
 
 __all__ = [
@@ -97,9 +101,13 @@ def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
             "(torch.distributed.init_process_group) on every rank"
         )
     if group is None:
-        return dist.group.WORLD
+        world = dist.group.WORLD
+        assert world is not None  # set by init_process_group, checked above
+        return world
     if isinstance(group, str):
-        return dist.distributed_c10d._resolve_process_group(group)
+        return dist.distributed_c10d._resolve_process_group(
+            dist.distributed_c10d.GroupName(group)
+        )
     return group
 
 
@@ -133,7 +141,9 @@ def _main_thread_compiling() -> bool:
     # Dynamo's callbacks, which torch._dynamo.reset() clears.
     from torch._dynamo.convert_frame import _compile
 
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    main_ident = threading.main_thread().ident
+    assert main_ident is not None  # the main thread is always started
+    frame = sys._current_frames().get(main_ident)
     while frame is not None:
         if frame.f_code is _compile.__code__:
             return True
@@ -157,7 +167,11 @@ class _Heartbeat:
         """Start beating on the current default store (again after it changed)."""
         store = dist.distributed_c10d._get_default_store()
         with self._lock:
-            if self._thread is not None and self._thread.is_alive() and self._store is store:
+            if (
+                self._thread is not None
+                and self._thread.is_alive()
+                and self._store is store
+            ):
                 return
             self._stop.set()
             self._stop = threading.Event()
@@ -217,13 +231,19 @@ class _Heartbeat:
                 store.add(own, 1)
                 compiling = _main_thread_compiling()
                 if compiling != published:
-                    store.set(_activity_key(rank), "compiling" if compiling else "running")
+                    store.set(
+                        _activity_key(rank), "compiling" if compiling else "running"
+                    )
                     published = compiling
                 with self._lock:
                     watched = list(self._watched)
                 for peer in watched:
                     value = store.add(_heartbeat_key(peer), 0)
-                    activity = store.get(_activity_key(peer)) if store.check([_activity_key(peer)]) else b""
+                    activity = (
+                        store.get(_activity_key(peer))
+                        if store.check([_activity_key(peer)])
+                        else b""
+                    )
                     now = time.monotonic()
                     with self._lock:
                         seen = self._seen.setdefault(peer, _Observation(value))
@@ -248,7 +268,10 @@ class _Heartbeat:
         if self._verdict_announced or not store.check([_JOB_VERDICT]):
             return
         self._verdict_announced = True
-        log.error("collective autotuning: a peer gave up on this job: %s", store.get(_JOB_VERDICT).decode())
+        log.error(
+            "collective autotuning: a peer gave up on this job: %s",
+            store.get(_JOB_VERDICT).decode(),
+        )
 
 
 _heartbeat = _Heartbeat()
@@ -269,15 +292,24 @@ def ensure_heartbeat() -> None:
 class ControlStore:
     """Bounded, liveness-aware rendezvous over the default store, which survives a dead channel."""
 
-    def __init__(self, prefix: str, group: dist.ProcessGroup, timeout: timedelta, max_wait: timedelta) -> None:
-        self.store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
+    def __init__(
+        self,
+        prefix: str,
+        group: dist.ProcessGroup,
+        timeout: timedelta,
+        max_wait: timedelta,
+    ) -> None:
+        self.store = dist.PrefixStore(
+            prefix, dist.distributed_c10d._get_default_store()
+        )
         self.rank = group.rank()
         self.size = group.size()
         self.global_ranks = dist.get_process_group_ranks(group)
         self.group_name = group.group_name
         self.timeout = timeout.total_seconds()
         self.max_wait = max(max_wait.total_seconds(), self.timeout)
-        self.frame: tuple[int, int] | None = None  # (frame id, compile index) of the session's compile
+        # (frame id, compile index) of the session's compile
+        self.frame: tuple[int, int] | None = None
 
     @contextmanager
     def session(self) -> Iterator[None]:
@@ -290,7 +322,9 @@ class ControlStore:
         if compile_id is not None and compile_id.frame_id is not None:
             self.frame = (compile_id.frame_id, compile_id.frame_compile_id or 0)
             root = dist.distributed_c10d._get_default_store()
-            root.set(_frame_key(dist.get_rank(), str(self.frame[0])), str(self.frame[1]))
+            root.set(
+                _frame_key(dist.get_rank(), str(self.frame[0])), str(self.frame[1])
+            )
         with _heartbeat.watching(self.global_ranks):
             yield
 
@@ -298,7 +332,9 @@ class ControlStore:
         """Post without waiting (a member's waits count it as arrived at ``tag``)."""
         self.store.set(f"{tag}/{self.rank}", value)
 
-    def rendezvous(self, tag: str, value: str, what: str, also: Sequence[str] = ()) -> list[str]:
+    def rendezvous(
+        self, tag: str, value: str, what: str, also: Sequence[str] = ()
+    ) -> list[str]:
         """Post ``value`` under ``tag`` and return every member's value, in rank order.
 
         A member's post under one of the ``also`` tags counts too (prefixed
@@ -315,7 +351,9 @@ class ControlStore:
         """The value that member ``rank`` posts under ``tag``, waited for as :meth:`rendezvous` waits."""
         return self._wait_for(tag, [rank], what, ())[rank]
 
-    def _wait_for(self, tag: str, ranks: list[int], what: str, also: Sequence[str]) -> dict[int, str]:
+    def _wait_for(
+        self, tag: str, ranks: list[int], what: str, also: Sequence[str]
+    ) -> dict[int, str]:
         started = time.monotonic()
         pending = list(ranks)
         posts: dict[int, str] = {}
@@ -328,12 +366,16 @@ class ControlStore:
                     pending.remove(rank)
             verdict = self._verdict(tag)
             if verdict is not None:
-                raise CollectiveBenchmarkError(f"{verdict} (the verdict of a peer that gave up waiting)")
+                raise CollectiveBenchmarkError(
+                    f"{verdict} (the verdict of a peer that gave up waiting)"
+                )
             if not pending:
                 return posts
             waited = time.monotonic() - started
             alone = [rank for rank in pending if self._not_compiling_this(rank)]
             if alone:
+                # _not_compiling_this is False for every rank without a frame.
+                assert self.frame is not None
                 reason = (
                     f"{what}: they run compiled code instead of compiling, and compiled this frame fewer times "
                     f"than this rank (compile {self.frame[1]} of frame {self.frame[0]}): this rank recompiled alone "
@@ -344,11 +386,19 @@ class ControlStore:
                 self._give_up(tag, alone, reason, job=True)
             lost = [rank for rank in pending if self._is_lost(rank, waited)]
             if lost:
-                self._give_up(tag, lost, f"{what}: {self._silence(lost, waited)}; dead, or wedged in a call that "
-                              "holds the GIL")
+                self._give_up(
+                    tag,
+                    lost,
+                    f"{what}: {self._silence(lost, waited)}; dead, or wedged in a call that "
+                    "holds the GIL",
+                )
             if waited > self.max_wait:
-                self._give_up(tag, pending, f"{what} within {self.max_wait:g}s (collective_benchmark_max_wait) "
-                              "although alive: stalled, or compiling a different program")
+                self._give_up(
+                    tag,
+                    pending,
+                    f"{what} within {self.max_wait:g}s (collective_benchmark_max_wait) "
+                    "although alive: stalled, or compiling a different program",
+                )
             time.sleep(delay)
             delay = min(2 * delay, _POLL_MAX_S)
 
@@ -382,14 +432,19 @@ class ControlStore:
         # A member that is alive but has been running compiled code for longer
         # than the timeout, and has compiled this session's frame fewer times,
         # is not on its way here: it will not compile this frame again.
-        if self.frame is None or _heartbeat.running_for(self.global_ranks[rank]) <= self.timeout:
+        if (
+            self.frame is None
+            or _heartbeat.running_for(self.global_ranks[rank]) <= self.timeout
+        ):
             return False
         root = dist.distributed_c10d._get_default_store()
         key = _frame_key(self.global_ranks[rank], str(self.frame[0]))
         theirs = int(root.get(key)) if root.check([key]) else -1
         return theirs < self.frame[1]
 
-    def _give_up(self, tag: str, ranks: list[int], reason: str, job: bool = False) -> None:
+    def _give_up(
+        self, tag: str, ranks: list[int], reason: str, job: bool = False
+    ) -> None:
         # The verdict carries the whole message, so that every member that
         # finds it (the lost one too, if it comes back) raises the same error.
         # A verdict on the job reaches the ranks that run compiled code too.
@@ -402,26 +457,38 @@ class ControlStore:
 
 
 # --- benchmark channels -------------------------------------------------------------
-def build_channel(group: dist.ProcessGroup, prefix: str, timeout: timedelta) -> dist.ProcessGroup:
+def build_channel(
+    group: dist.ProcessGroup, prefix: str, timeout: timedelta
+) -> dist.ProcessGroup:
     """A private process group over ``group``'s ranks, on a fresh ``prefix`` of the default store."""
     store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
     rank, size = group.rank(), group.size()
     channel = dist.ProcessGroup(store, rank, size)
     backend = dist.get_backend(group)
+    impl: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = 2 * timeout  # the protocol aborts first; see collective_benchmarking.py
-        impl = dist.ProcessGroupNCCL(dist.PrefixStore("cuda/", store), rank, size, options)
+        # the protocol aborts first; see collective_benchmarking.py
+        options._timeout = 2 * timeout
+        impl = dist.ProcessGroupNCCL(
+            dist.PrefixStore("cuda/", store), rank, size, options
+        )
         device, backend_type = torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL
     elif backend == "gloo":
-        impl = dist.ProcessGroupGloo(dist.PrefixStore("cpu/", store), rank, size, timeout)
+        impl = dist.ProcessGroupGloo(
+            dist.PrefixStore("cpu/", store), rank, size, timeout
+        )
         device, backend_type = torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO
     else:
-        raise CollectiveBenchmarkError(f"collective autotuning supports gloo and nccl groups, not {backend!r}")
+        raise CollectiveBenchmarkError(
+            f"collective autotuning supports gloo and nccl groups, not {backend!r}"
+        )
     impl._set_sequence_number_for_group()
     channel._register_backend(device, backend_type, impl)
     channel._set_default_backend(backend_type)
-    channel._set_group_name(f"{group.group_name}:benchmark")
+    channel._set_group_name(
+        dist.distributed_c10d.GroupName(f"{group.group_name}:benchmark")
+    )
     return channel
 
 
@@ -438,14 +505,15 @@ def registered_as(name: str, group: dist.ProcessGroup) -> Iterator[None]:
         _unregister_process_group,
     )
 
-    original = _resolve_process_group(name)
-    _unregister_process_group(name)
-    _register_process_group(name, group)
+    group_name = dist.distributed_c10d.GroupName(name)
+    original = _resolve_process_group(group_name)
+    _unregister_process_group(group_name)
+    _register_process_group(group_name, group)
     try:
         yield
     finally:
-        _unregister_process_group(name)
-        _register_process_group(name, original)
+        _unregister_process_group(group_name)
+        _register_process_group(group_name, original)
 
 
 @dataclasses.dataclass

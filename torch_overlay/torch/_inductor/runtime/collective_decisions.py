@@ -14,10 +14,12 @@ import json
 import math
 import random
 import statistics
-from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 
 __all__ = [
@@ -102,7 +104,12 @@ class CandidateResult:
     @property
     def runs_ms(self) -> list[float]:
         """Each timed run's time: the slowest rank's in that run (a collective ends when its last rank does)."""
-        return [max(run) for run in zip(*(report.samples for report in self.reports))]
+        # A rank where the candidate failed may hold fewer runs (or none): only
+        # the runs that every rank timed are combined.
+        return [
+            max(run)
+            for run in zip(*(report.samples for report in self.reports), strict=False)
+        ]
 
     @property
     def time_ms(self) -> float:
@@ -138,7 +145,10 @@ def decision_to_json(decision: CollectiveDecision) -> str:
                     "name": result.name,
                     "attempts": result.attempts,
                     "stage": result.stage,
-                    "reports": [[int(report.status), list(report.samples)] for report in result.reports],
+                    "reports": [
+                        [int(report.status), list(report.samples)]
+                        for report in result.reports
+                    ],
                 }
                 for result in decision.results
             ],
@@ -151,7 +161,10 @@ def decision_from_json(text: str) -> CollectiveDecision:
     results = tuple(
         CandidateResult(
             result["name"],
-            tuple(RankReport(CandidateStatus(status), tuple(samples)) for status, samples in result["reports"]),
+            tuple(
+                RankReport(CandidateStatus(status), tuple(samples))
+                for status, samples in result["reports"]
+            ),
             result["attempts"],
             result["stage"],
         )
@@ -190,7 +203,9 @@ def sign_test_p_value(advantages: Sequence[float]) -> float:
     return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
 
 
-def beats_default(candidate: CandidateResult, default: CandidateResult, confidence: float) -> tuple[bool, str]:
+def beats_default(
+    candidate: CandidateResult, default: CandidateResult, confidence: float
+) -> tuple[bool, str]:
     """Whether ``candidate`` beats ``default`` by more than the session's noise, and why.
 
     The two ran interleaved, so run ``i`` of each saw the same moment of the
@@ -198,7 +213,9 @@ def beats_default(candidate: CandidateResult, default: CandidateResult, confiden
     wins when it was faster in significantly more runs than chance
     (:func:`sign_test_p_value` at most ``1 - confidence``).
     """
-    advantages = [d - c for d, c in zip(default.runs_ms, candidate.runs_ms)]
+    advantages = [
+        d - c for d, c in zip(default.runs_ms, candidate.runs_ms, strict=True)
+    ]
     p_value = sign_test_p_value(advantages)
     faster = sum(a > 0 for a in advantages)
     summary = f"faster than the default in {faster} of {len(advantages)} runs (sign test p={p_value:.3g})"
@@ -206,7 +223,10 @@ def beats_default(candidate: CandidateResult, default: CandidateResult, confiden
 
 
 def decide(
-    results: Sequence[CandidateResult], has_default: bool, tie_tolerance: float, confidence: float
+    results: Sequence[CandidateResult],
+    has_default: bool,
+    tie_tolerance: float,
+    confidence: float,
 ) -> tuple[int | None, str]:
     """The winner's index among ``results`` (in preference order, the default first when
     ``has_default``) and the reason; ``None`` when nothing qualified.
@@ -220,9 +240,13 @@ def decide(
     if index is None:
         return None, "no candidate qualified: every rank uses the default"
     fastest = min(times)
-    reason = "fastest" if times[index] == fastest else (
-        f"within {tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); ties go to the default, "
-        "then to registration order"
+    reason = (
+        "fastest"
+        if times[index] == fastest
+        else (
+            f"within {tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); ties go to the default, "
+            "then to registration order"
+        )
     )
     if not has_default or index == 0 or results[0].status is not CandidateStatus.OK:
         return index, reason
@@ -248,13 +272,18 @@ def is_default_choice(choice: Any) -> bool:
     return getattr(choice, "gm", None) is None
 
 
-def select_winner(timings: Mapping[Any, float], choices: Sequence[Any], tie_tolerance: float) -> Any | None:
+def select_winner(
+    timings: Mapping[Any, float], choices: Sequence[Any], tie_tolerance: float
+) -> Any | None:
     """The winning choice given agreed ``timings``: the default first, then ``choices`` order.
 
     A pure function of its arguments; ranks that agree on the timings pick the
     same choice.  ``None`` when no choice has a finite time.
     """
-    ordered = sorted((choice for choice in choices if choice in timings), key=lambda c: not is_default_choice(c))
+    ordered = sorted(
+        (choice for choice in choices if choice in timings),
+        key=lambda c: not is_default_choice(c),
+    )
     index = pick_winner([timings[choice] for choice in ordered], tie_tolerance)
     return None if index is None else ordered[index]
 
@@ -272,8 +301,14 @@ def first_tensor(value: Any) -> torch.Tensor | None:
 def outputs_match(output: torch.Tensor | None, reference: torch.Tensor | None) -> bool:
     """Whether a candidate's output equals the default's within :data:`SCREENING_TOLERANCES`."""
     if reference is None:
-        return True  # the default did not produce a reference: nothing to screen against
-    if output is None or output.shape != reference.shape or output.dtype != reference.dtype:
+        return (
+            True  # the default did not produce a reference: nothing to screen against
+        )
+    if (
+        output is None
+        or output.shape != reference.shape
+        or output.dtype != reference.dtype
+    ):
         return False
     rtol, atol = SCREENING_TOLERANCES.get(reference.dtype, (0.0, 0.0))
     return torch.allclose(output, reference, rtol=rtol, atol=atol, equal_nan=True)
@@ -290,9 +325,19 @@ def earliest_failure(posts: Sequence[str]) -> tuple[int, tuple[RankReport, ...],
     order-independent, so every member derives the same result from the same
     posts.
     """
-    parsed = [(int(s), CandidateStatus(int(st)), stage) for s, st, stage in (p.split(":", 2) for p in posts)]
+    parsed = [
+        (int(s), CandidateStatus(int(st)), stage)
+        for s, st, stage in (p.split(":", 2) for p in posts)
+    ]
     earliest = min(step for step, _, _ in parsed)
-    reports = tuple(RankReport(status if step == earliest else CandidateStatus.OK) for step, status, _ in parsed)
+    reports = tuple(
+        RankReport(status if step == earliest else CandidateStatus.OK)
+        for step, status, _ in parsed
+    )
     worst = max(reports, key=lambda report: report.status)
-    stage = next(st for (step, status, st) in parsed if step == earliest and status == worst.status)
+    stage = next(
+        st
+        for (step, status, st) in parsed
+        if step == earliest and status == worst.status
+    )
     return earliest, reports, stage
