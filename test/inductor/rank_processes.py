@@ -1,0 +1,133 @@
+"""One set of rank processes per test class, as users' jobs run them.
+
+``RankProcessesTestCase`` starts ``WORLD_SIZE`` rank processes once per class
+(``MultiProcContinuousTest``) and runs every test of the class in all of them:
+a class pays process start-up and ``import torch`` once, instead of once per
+test.  Each rank joins the process group through a ``TCPStore`` (what torchrun
+gives a job; the collective control plane blocks in its ``wait``), found
+through the class's rendezvous file, and keeps Inductor's caches on, in a
+cache directory per rank that the run's tests share.
+
+Before each test, every rank runs :meth:`reset_rank` (the test's ``setUp``
+runs in the parent process only): Dynamo is reset and the parts of the cache
+directory that hold collective decisions are emptied, because what these
+tests assert is what a compile benchmarks, which a decision taken from a
+cache skips (warm and skewed caches are ``test_collective_caches.py``'s
+subject).  A test that fails poisons its class: the remaining tests of the
+class are skipped, since its ranks may no longer be in step.
+
+Tests whose point is a rank that dies use ``SpawnedRanksTestCase`` in
+``test_collective_autotuning.py``, which starts fresh processes per test.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import os
+import shutil
+import tempfile
+
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+
+# The parts of an Inductor cache directory that can hold a collective
+# decision: compiled programs (FX graph and AOTAutograd caches, which replay
+# the decisions they were compiled with) and the decisions themselves.
+DECISION_CACHES = ("fxgraph", "aotautograd", "collective_decisions")
+# Where the rank processes of a test run keep their cache directories.
+CACHE_ROOT_ENV = "COLLECTIVE_TESTS_CACHE_ROOT"
+
+
+def cache_root() -> str:
+    """The run's root of per-rank cache directories (made once, inherited by ranks)."""
+    if CACHE_ROOT_ENV not in os.environ:
+        os.environ[CACHE_ROOT_ENV] = tempfile.mkdtemp(
+            prefix="collective-tests-inductor-"
+        )
+        atexit.register(shutil.rmtree, os.environ[CACHE_ROOT_ENV], ignore_errors=True)
+    return os.environ[CACHE_ROOT_ENV]
+
+
+def use_rank_cache_dir(rank: int) -> str:
+    """Point Inductor at this rank's cache directory, decision-holding parts emptied."""
+    cache_dir = os.path.join(cache_root(), f"rank{rank}")
+    for part in DECISION_CACHES:
+        shutil.rmtree(os.path.join(cache_dir, part), ignore_errors=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    return cache_dir
+
+
+def tcp_store_through(file_name: str, rank: int, world_size: int) -> dist.TCPStore:
+    """A TCPStore hosted by rank 0, its port passed to the others through ``file_name``."""
+    rendezvous = dist.FileStore(file_name, world_size)
+    timeout = datetime.timedelta(seconds=60)
+    if rank == 0:
+        store = dist.TCPStore(
+            "127.0.0.1", 0, world_size, True, timeout=timeout, wait_for_workers=False
+        )
+        rendezvous.set("tcp_port", str(store.port))
+        return store
+    port = int(rendezvous.get("tcp_port"))
+    return dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
+
+
+class RankProcessesTestCase(MultiProcContinuousTest):
+    """``WORLD_SIZE`` gloo ranks, started once for the class; see the module docstring."""
+
+    WORLD_SIZE = 2
+    # The process group's own timeout: a test that hangs in a collective of
+    # its program fails after it rather than after c10d's 30 minutes.
+    timeout = datetime.timedelta(seconds=300)
+
+    @classmethod
+    def backend_str(cls) -> str:
+        return "gloo"
+
+    @classmethod
+    def device_type(cls) -> str:
+        return "cpu"
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.world_size = cls.WORLD_SIZE
+        cache_root()  # made in the parent, so that every rank shares the root
+        super().setUpClass()
+
+    @classmethod
+    def _init_pg(cls, rank: int, world_size: int, rdvz_file: str | None) -> None:
+        if rdvz_file is None:
+            raise AssertionError(
+                "MultiProcContinuousTest gives every rank the rendezvous file"
+            )
+        dist.init_process_group(
+            "gloo",
+            store=tcp_store_through(rdvz_file, rank, world_size),
+            rank=rank,
+            world_size=world_size,
+            timeout=cls.timeout,
+        )
+        use_rank_cache_dir(rank)
+
+    @classmethod
+    def _run_test_given_id(cls, test_id: str, **kwargs) -> None:
+        test = cls(test_id.rsplit(".", maxsplit=1)[-1])
+        test.rank, test.world_size = cls.rank, cls.world_size
+        test.reset_rank()
+        # Every rank starts the test together: no rank's compile races a
+        # peer still finishing the previous test.
+        dist.barrier()
+        getattr(test, test._testMethodName)(**kwargs)
+
+    def reset_rank(self) -> None:
+        """Per-test reset on every rank; extend it for a test module's own state."""
+        torch._dynamo.reset()
+        counters.clear()
+        use_rank_cache_dir(self.rank)
+        from torch._inductor.runtime import collective_benchmarking
+
+        for name in ("_remembered", "_pre_agreed"):
+            getattr(collective_benchmarking, name, {}).clear()
