@@ -10,7 +10,8 @@ Commands (run ``--help`` on each for options):
   export        write the queue's commits back to patches/ (and its base to series)
   rebase        replay the queue onto another torch release (three-way merges;
                 --continue / --abort after a conflict)
-  build         build the patched wheel from the official wheel
+  build         build the patched wheel from the official wheel (--upto: a prefix)
+  prefix        a hard-linked torch tree of a prefix of the series, for its tests
   status        which patch stack the installed torch carries
   apply-source  commit the stack onto a PyTorch git checkout at the base release
 """
@@ -27,7 +28,17 @@ import tempfile
 from pathlib import Path
 
 from . import STACK_NAME
-from . import pristine, queue, rebase, series, source, unified_diff, wheel
+from . import (
+    overlay,
+    prefix,
+    pristine,
+    queue,
+    rebase,
+    series,
+    source,
+    unified_diff,
+    wheel,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,18 +91,29 @@ def _drift_report(expected: Path, actual: Path) -> list[str]:
     return problems
 
 
+def _overlay_drift(expected: dict[str, str], overlay_dir: Path) -> list[str]:
+    actual = {
+        path.as_posix(): (overlay_dir / path).read_text()
+        for path in series.overlay_files(overlay_dir)
+    }
+    return [
+        f"torch_overlay/{path} differs from the queue's"
+        for path in sorted(set(expected) | set(actual))
+        if expected.get(path) != actual.get(path)
+    ]
+
+
 def cmd_check(args, layout: Layout) -> int:
     patches = series.read_series(layout.patches)
-    source.overlay_by_patch(patches, layout.overlay)
     base = layout.base
     pristine_tree = layout.pristine_tree(args.wheel, base)
     with tempfile.TemporaryDirectory(prefix="patchstack-check-") as tmp:
         queue_dir, exported = Path(tmp) / "queue", Path(tmp) / "exported"
-        queue.materialize(queue_dir, pristine_tree, patches, base)
-        queue.write_patches(
-            exported, queue.export(queue_dir), queue.queue_base(queue_dir)
-        )
+        queue.materialize(queue_dir, pristine_tree, patches, base, layout.overlay)
+        exported_patches, modules = queue.export(queue_dir)
+        queue.write_patches(exported, exported_patches, queue.queue_base(queue_dir))
         problems = _drift_report(exported, layout.patches)
+        problems += _overlay_drift(modules, layout.overlay)
     if problems:
         print("patchstack check: FAILED\n" + "\n".join(problems), file=sys.stderr)
         print(
@@ -101,8 +123,8 @@ def cmd_check(args, layout: Layout) -> int:
         )
         return 1
     print(
-        f"patchstack check: OK ({len(patches)} patches apply exactly to pristine torch {base}; "
-        "patches/ matches its export)"
+        f"patchstack check: OK ({len(patches)} patches apply exactly to pristine torch {base}, "
+        "every prefix with its overlay modules; patches/ and torch_overlay/ match their export)"
     )
     return 0
 
@@ -117,10 +139,15 @@ def cmd_queue(args, layout: Layout) -> int:
             )
             return 1
         ahead = queue.git(queue_dir, "status", "--porcelain").strip()
-        exported = queue.export(queue_dir) if (queue_dir / ".git").exists() else []
-        if ahead or [p.render() for p in exported] != [
-            p.render() for p in series.read_series(layout.patches)
-        ]:
+        exported, modules = (
+            queue.export(queue_dir) if (queue_dir / ".git").exists() else ([], {})
+        )
+        if (
+            ahead
+            or [p.render() for p in exported]
+            != [p.render() for p in series.read_series(layout.patches)]
+            or _overlay_drift(modules, layout.overlay)
+        ):
             print(
                 f"{queue_dir} holds changes not exported to patches/; export them or pass --force",
                 file=sys.stderr,
@@ -132,6 +159,7 @@ def cmd_queue(args, layout: Layout) -> int:
         layout.pristine_tree(args.wheel, base),
         series.read_series(layout.patches),
         base,
+        layout.overlay,
     )
     print(
         f"patch queue ready in {queue_dir} (branch 'queue', base tag 'pristine'); "
@@ -153,10 +181,14 @@ def cmd_export(args, layout: Layout) -> int:
             f"{queue_dir} has uncommitted changes; commit them first", file=sys.stderr
         )
         return 1
-    patches = queue.export(queue_dir)
+    patches, modules = queue.export(queue_dir)
     base = queue.queue_base(queue_dir)
     queue.write_patches(layout.patches, patches, base)
-    print(f"exported {len(patches)} patches onto torch {base} to {layout.patches}")
+    queue.write_overlay(layout.overlay, modules)
+    print(
+        f"exported {len(patches)} patches onto torch {base} to {layout.patches}, "
+        f"and {len(modules)} overlay modules to {layout.overlay}"
+    )
     return 0
 
 
@@ -196,6 +228,7 @@ def cmd_rebase(args, layout: Layout) -> int:
                 layout.pristine_tree(None, base),
                 series.read_series(layout.patches),
                 base,
+                layout.overlay,
             )
         outcome = rebase.start(queue_dir, args.onto, target)
     print(outcome.render(queue_dir))
@@ -203,13 +236,13 @@ def cmd_rebase(args, layout: Layout) -> int:
         dropped = {
             name for name, status in outcome.patches if status.startswith("dropped")
         }
-        overlay = source.overlay_by_patch(
-            series.read_series(layout.patches), layout.overlay
-        )
-        for name in sorted(dropped):
-            for module in overlay.get(name, []):
+        for patch in series.read_series(layout.patches):
+            if patch.file_name not in dropped:
+                continue
+            for module in patch.overlay_modules:
                 print(
-                    f"note: torch_overlay/{module} is no longer claimed ({name} was dropped): "
+                    f"note: torch_overlay/{module} is no longer claimed ({patch.file_name} "
+                    "was dropped): "
                     "delete it if upstream ships it now, or name it in another patch's Overlay:"
                 )
     return 0 if outcome.finished else 2
@@ -217,7 +250,26 @@ def cmd_rebase(args, layout: Layout) -> int:
 
 def cmd_build(args, layout: Layout) -> int:
     official = pristine.find_official_wheel(layout.build, layout.base, args.wheel)
-    built = wheel.build(official, layout.patches, layout.overlay, Path(args.out))
+    upto = None
+    if args.upto is not None:
+        upto = overlay.resolve_upto(series.read_series(layout.patches), args.upto)
+    built = wheel.build(official, layout.patches, layout.overlay, Path(args.out), upto)
+    print(built)
+    return 0
+
+
+def cmd_prefix(args, layout: Layout) -> int:
+    """A torch package tree for the first patches of the series, made from an installed one."""
+    patches = series.read_series(layout.patches)
+    count = overlay.resolve_upto(patches, args.upto)
+    built = prefix.make_tree(
+        patches,
+        count,
+        layout.pristine_tree(args.wheel, layout.base),
+        layout.overlay,
+        Path(args.torch_dir),
+        Path(args.dest),
+    )
     print(built)
     return 0
 
@@ -353,7 +405,32 @@ def main(argv: list[str] | None = None) -> int:
     build = commands.add_parser("build", help="build the patched wheel")
     build.add_argument("--wheel", help=wheel_help)
     build.add_argument("--out", default=str(REPO_ROOT / "build/dist"))
+    build.add_argument(
+        "--upto",
+        metavar="PATCH",
+        help="apply only the series up to PATCH (NNNN, its file name, or a count; "
+        "0 builds stock torch)",
+    )
     build.set_defaults(run=cmd_build)
+
+    prefix_cmd = commands.add_parser(
+        "prefix",
+        help="a torch package tree of a prefix of the series, hard-linked from an "
+        "installed torch (for testing a prefix)",
+    )
+    prefix_cmd.add_argument("--upto", metavar="PATCH", required=True)
+    prefix_cmd.add_argument(
+        "--torch-dir",
+        required=True,
+        help="an installed torch package of the base release (its torch/ directory)",
+    )
+    prefix_cmd.add_argument(
+        "--dest",
+        required=True,
+        help="directory to create; put it first on PYTHONPATH to import the prefix",
+    )
+    prefix_cmd.add_argument("--wheel", help=wheel_help)
+    prefix_cmd.set_defaults(run=cmd_prefix)
 
     status = commands.add_parser(
         "status", help="show the patch stack of the installed torch"

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 from typing import TYPE_CHECKING
 
+from . import overlay
 from . import series as series_mod
 from . import unified_diff
 from .pristine import PRISTINE_STAMP, release, version_in_version_py
@@ -66,45 +67,17 @@ def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
     return result.stdout
 
 
-def apply_series_in_memory(
-    patches: list[series_mod.Patch], read_original: Callable[[str], str | None]
-) -> dict[str, str]:
-    """Apply the whole series to in-memory copies of the files it touches.
-
-    ``read_original(path)`` returns a file's base text, or None when the base
-    lacks it.  Raises before the caller writes anything, so a drifted series
-    never leaves a half-patched tree.
-    """
-    current: dict[str, str] = {}
-    for patch in patches:
-        for file_diff in unified_diff.parse(patch.diff):
-            if file_diff.path not in current:
-                original = read_original(file_diff.path)
-                if original is None:
-                    raise unified_diff.PatchError(
-                        f"{patch.file_name}: {file_diff.path} is not in the base"
-                    )
-                current[file_diff.path] = original
-            try:
-                current[file_diff.path] = unified_diff.apply_exact(
-                    current[file_diff.path], file_diff
-                )
-            except unified_diff.PatchError as error:
-                raise unified_diff.PatchError(f"{patch.file_name}: {error}") from None
-    return current
-
-
 def tree_reader(tree: Path) -> Callable[[str], str | None]:
-    """``read_original`` for :func:`apply_series_in_memory` over a directory."""
+    """``read_original`` for :func:`overlay.changes_by_patch` over a directory."""
     return lambda path: (tree / path).read_text() if (tree / path).is_file() else None
 
 
-def apply_patch_to_tree(tree: Path, patch: series_mod.Patch) -> list[str]:
-    """Apply ``patch`` to the files under ``tree``: all files or none."""
-    updated = apply_series_in_memory([patch], tree_reader(tree))
-    for path, text in updated.items():
+def write_files(tree: Path, files: dict[str, str]) -> list[str]:
+    """Write ``files`` (path -> text) under ``tree``; their paths."""
+    for path, text in files.items():
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
         (tree / path).write_text(text)
-    return list(updated)
+    return list(files)
 
 
 def pristine_message(base: str) -> str:
@@ -112,9 +85,20 @@ def pristine_message(base: str) -> str:
 
 
 def materialize(
-    dest: Path, pristine: Path, patches: list[series_mod.Patch], base: str
+    dest: Path,
+    pristine: Path,
+    patches: list[series_mod.Patch],
+    base: str,
+    overlay_dir: Path,
 ) -> None:
-    """Create the queue at ``dest`` (replacing any previous queue) on release ``base``."""
+    """Create the queue at ``dest`` (replacing any previous queue) on release ``base``.
+
+    Each patch's commit holds the upstream files it changes and the overlay
+    modules it introduces or changes, as of that patch (see ``overlay.py``).
+    """
+    planned = list(
+        overlay.changes_by_patch(patches, tree_reader(pristine), overlay_dir)
+    )
     if dest.exists():
         shutil.rmtree(dest)
     shutil.copytree(pristine, dest, ignore=shutil.ignore_patterns(PRISTINE_STAMP))
@@ -125,9 +109,8 @@ def materialize(
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "-m", pristine_message(base))
     git(dest, "tag", "pristine")
-    for patch in patches:
-        touched = apply_patch_to_tree(dest, patch)
-        git(dest, "add", "--", *touched)
+    for patch, written in planned:
+        git(dest, "add", "--", *write_files(dest, written))
         git(dest, "commit", "-q", "-m", patch.commit_message())
 
 
@@ -141,26 +124,70 @@ def queue_base(queue_dir: Path) -> str:
     return release(version)
 
 
-def export(queue_dir: Path) -> list[series_mod.Patch]:
-    """Read the commits after ``pristine`` as patches, with stable file names."""
+def export(queue_dir: Path) -> tuple[list[series_mod.Patch], dict[str, str]]:
+    """Read the commits after ``pristine`` as patches, with stable file names,
+    and the overlay modules as the last commit has them (path -> text).
+
+    A file that a commit adds is an overlay module and must be named in that
+    commit's ``Overlay:`` field; it stays out of the patch's diff (the patch
+    carries it whole, from ``torch_overlay/``).  Later commits' changes to it
+    are ordinary diffs of their patches.
+    """
     commits = git(queue_dir, "rev-list", "--reverse", "pristine..HEAD").split()
     patches = []
+    modules: list[str] = []
     for index, commit in enumerate(commits, start=1):
         message = git(queue_dir, "log", "-1", "--format=%B", commit)
-        diff = git(queue_dir, "diff", *_DIFF_ARGS, f"{commit}^", commit)
+        subject = message.strip().splitlines()[0]
+        status = git(
+            queue_dir, "diff", "--name-status", "--no-renames", f"{commit}^", commit
+        )
+        added = sorted(
+            line.split("\t", 1)[1]
+            for line in status.splitlines()
+            if line.startswith("A")
+        )
+        deleted = [
+            line.split("\t", 1)[1]
+            for line in status.splitlines()
+            if line.startswith("D")
+        ]
+        diff = git(
+            queue_dir, "diff", *_DIFF_ARGS, "--diff-filter=M", f"{commit}^", commit
+        )
         # Blob hashes churn whenever an earlier patch touches the same file.
         diff = "".join(
             line
             for line in diff.splitlines(keepends=True)
             if not line.startswith("index ")
         )
-        subject = message.strip().splitlines()[0]
         patch = series_mod.patch_from_commit(
             series_mod.file_name_for(index, subject), message, diff
         )
         patch.validate()
+        if deleted:
+            raise unified_diff.PatchError(
+                f"{patch.file_name} ({commit[:12]}) deletes {deleted}: patches may only "
+                "modify files and add overlay modules"
+            )
+        if added != sorted(patch.overlay_modules):
+            raise unified_diff.PatchError(
+                f"{patch.file_name} ({commit[:12]}) adds {added} but its Overlay: field "
+                f"names {sorted(patch.overlay_modules)}: every module a patch adds is "
+                "named there, and only those"
+            )
         patches.append(patch)
-    return patches
+        modules += added
+    texts = {path: git(queue_dir, "show", f"HEAD:{path}") for path in modules}
+    return patches, texts
+
+
+def write_overlay(overlay_dir: Path, modules: dict[str, str]) -> None:
+    """Make ``overlay_dir`` hold exactly ``modules`` (path -> text)."""
+    for stale in series_mod.overlay_files(overlay_dir) if overlay_dir.exists() else []:
+        if stale.as_posix() not in modules:
+            (overlay_dir / stale).unlink()
+    write_files(overlay_dir, modules)
 
 
 def write_patches(patch_dir: Path, patches: list[series_mod.Patch], base: str) -> None:

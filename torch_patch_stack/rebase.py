@@ -103,8 +103,8 @@ class Outcome:
                 lines.extend(_render_files(self.files))
         if self.finished:
             lines.append(
-                "next: python scripts/patchstack.py export (writes patches/ and the new base into "
-                "patches/series); torch_overlay/ is not rebased: run the tests on the new base"
+                "next: python scripts/patchstack.py export (writes patches/, torch_overlay/ and "
+                "the new base into patches/series); then run the tests on the new base"
             )
         else:
             lines.append(
@@ -190,7 +190,7 @@ def start(queue_dir: Path, onto: str, pristine_tree: Path) -> Outcome:
         (commit, patch.file_name, patch.subject)
         # export() reads HEAD, which is the queue branch in a queue made by
         # `patchstack queue`; pairing stops at the shorter list as it always has.
-        for commit, patch in zip(commits, export(queue_dir), strict=False)
+        for commit, patch in zip(commits, export(queue_dir)[0], strict=False)
     ]
     state = _State(
         base=base,
@@ -369,7 +369,11 @@ def _distinctive(line: str) -> bool:
 
 
 def _conflict_report(queue_dir: Path, stopped: str) -> list[FileReport]:
-    diff = git(queue_dir, "diff", *_DIFF_ARGS, f"{stopped}^", stopped)
+    # The patch's diffs; overlay modules that it adds are not merged with
+    # anything upstream has.
+    diff = git(
+        queue_dir, "diff", *_DIFF_ARGS, "--diff-filter=M", f"{stopped}^", stopped
+    )
     unmerged = set(git(queue_dir, "diff", "--name-only", "--diff-filter=U").split())
     reports = []
     for file_diff in unified_diff.parse(diff):
@@ -424,7 +428,7 @@ def _conflict_report(queue_dir: Path, stopped: str) -> list[FileReport]:
 
 def check_series_matches_queue(queue_dir: Path, patch_dir: Path) -> None:
     """Raise :class:`RebaseError` unless the queue holds exactly ``patches/`` on its base."""
-    exported = [patch.render() for patch in export(queue_dir)]
+    exported = [patch.render() for patch in export(queue_dir)[0]]
     if exported != [patch.render() for patch in series_mod.read_series(patch_dir)]:
         raise RebaseError(
             f"{queue_dir} holds commits that patches/ does not (or the reverse); export them "

@@ -62,6 +62,15 @@ class Patch:
                 fields[name] = f"{fields[name]} {line.strip()}".strip()
         return fields
 
+    @property
+    def overlay_modules(self) -> list[str]:
+        """The overlay modules this patch introduces (its ``Overlay:`` field)."""
+        return [
+            name.strip()
+            for name in self.fields.get("Overlay", "").split(",")
+            if name.strip()
+        ]
+
     def commit_message(self) -> str:
         return f"{self.subject}\n\n{self.header_body}"
 

@@ -1,21 +1,25 @@
 """Apply the stack to a PyTorch git checkout, one commit per patch.
 
-Each commit carries the patch header as its message and the overlay modules the
-patch names in ``Overlay:``, so the branch is ready for ``ghstack`` (one commit,
-one upstream PR).  The checkout must be clean and at the series' base release
-(``patches/series``); every patch is checked to apply exactly before the first
-commit is made.
+Each commit carries the patch header as its message, the upstream files the
+patch changes and the overlay modules it introduces or changes as of that
+patch, so the branch is ready for ``ghstack`` (one commit, one upstream PR,
+each one standing alone).  The checkout must be clean and at the series' base
+release (``patches/series``); every patch is checked to apply exactly before
+the first commit is made.
 """
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+from typing import TYPE_CHECKING
 
+from . import overlay, unified_diff
 from . import series as series_mod
-from . import unified_diff
 from .pristine import require_base_version, version_in_version_py
-from .queue import apply_patch_to_tree, apply_series_in_memory, git, tree_reader
+from .queue import git, tree_reader, write_files
+
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def checkout_version(checkout: Path) -> str:
@@ -34,45 +38,14 @@ def checkout_version(checkout: Path) -> str:
     )
 
 
-def overlay_by_patch(
-    patches: list[series_mod.Patch], overlay_dir: Path
-) -> dict[str, list[Path]]:
-    """Map each patch to the overlay modules it introduces; every overlay file
-    must be claimed by exactly one patch."""
-    claimed: dict[str, list[Path]] = {}
-    owner: dict[Path, str] = {}
-    for patch in patches:
-        names = [
-            n.strip() for n in patch.fields.get("Overlay", "").split(",") if n.strip()
-        ]
-        claimed[patch.file_name] = []
-        for name in names:
-            path = Path(name)
-            if path in owner:
-                raise series_mod.SeriesError(
-                    f"{name} is claimed by {owner[path]} and {patch.file_name}"
-                )
-            if not (overlay_dir / path).is_file():
-                raise series_mod.SeriesError(
-                    f"{patch.file_name} names {name}, not in torch_overlay/"
-                )
-            owner[path] = patch.file_name
-            claimed[patch.file_name].append(path)
-    unclaimed = [
-        str(p) for p in series_mod.overlay_files(overlay_dir) if p not in owner
-    ]
-    if unclaimed:
-        raise series_mod.SeriesError(
-            f"no patch names these overlay modules in 'Overlay:': {unclaimed}"
-        )
-    return claimed
-
-
 def apply_to_checkout(checkout: Path, patch_dir: Path, overlay_dir: Path) -> list[str]:
     """Commit the series onto ``checkout``'s current branch; return the subjects.
 
     The checkout must be a clean git tree at the series' base release
     (``patches/series``); nothing is committed unless every patch applies.
+    Each commit holds the files its patch writes: the upstream files it
+    changes and the overlay modules it introduces or changes, as of that
+    patch (``overlay.py``), so that each one stands alone.
     """
     if not (checkout / ".git").exists():
         raise unified_diff.PatchError(f"{checkout} is not a git checkout")
@@ -84,18 +57,14 @@ def apply_to_checkout(checkout: Path, patch_dir: Path, overlay_dir: Path) -> lis
             f"{checkout} has uncommitted changes; commit or stash them first"
         )
     patches = series_mod.read_series(patch_dir)
-    overlay = overlay_by_patch(patches, overlay_dir)
-    # Dry run in memory so that a drifted patch leaves the checkout untouched.
-    apply_series_in_memory(patches, tree_reader(checkout))
-    for module in (module for modules in overlay.values() for module in modules):
+    # Planned in full first, so that a drifted patch leaves the checkout untouched.
+    planned = list(
+        overlay.changes_by_patch(patches, tree_reader(checkout), overlay_dir)
+    )
+    for module in (name for patch in patches for name in patch.overlay_modules):
         if (checkout / module).exists():
             raise unified_diff.PatchError(f"{module} already exists in {checkout}")
-    for patch in patches:
-        touched = apply_patch_to_tree(checkout, patch)
-        for module in overlay[patch.file_name]:
-            (checkout / module).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(overlay_dir / module, checkout / module)
-            touched.append(str(module))
-        git(checkout, "add", "--", *touched)
+    for patch, written in planned:
+        git(checkout, "add", "--", *write_files(checkout, written))
         git(checkout, "commit", "-q", "-m", patch.commit_message())
     return [patch.subject for patch in patches]

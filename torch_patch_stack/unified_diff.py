@@ -25,6 +25,7 @@ class Hunk:
     old_lines: list[str]
     new_lines: list[str]
     header: str = ""  # the "@@ ... @@" line, for reports
+    new_start: int = 0
     removed: list[str] = dataclasses.field(default_factory=list)  # the "-" lines
     added: list[str] = dataclasses.field(default_factory=list)  # the "+" lines
 
@@ -80,7 +81,13 @@ def parse(diff_text: str) -> list[FileDiff]:
                 raise PatchError("hunk before any file header")
             old_count = int(match.group(2) or "1")
             new_count = int(match.group(4) or "1")
-            hunk = Hunk(int(match.group(1)), [], [], header=line.rstrip("\n"))
+            hunk = Hunk(
+                int(match.group(1)),
+                [],
+                [],
+                header=line.rstrip("\n"),
+                new_start=int(match.group(3)),
+            )
             i += 1
             while (
                 len(hunk.old_lines) < old_count or len(hunk.new_lines) < new_count
@@ -122,6 +129,25 @@ def parse(diff_text: str) -> list[FileDiff]:
     return files
 
 
+def reverse(file_diff: FileDiff) -> FileDiff:
+    """The diff that undoes ``file_diff``: applied to its result, it gives its original."""
+    return FileDiff(
+        file_diff.path,
+        [
+            Hunk(
+                hunk.new_start,
+                hunk.new_lines,
+                hunk.old_lines,
+                header=hunk.header,
+                removed=hunk.added,
+                added=hunk.removed,
+                new_start=hunk.old_start,
+            )
+            for hunk in file_diff.hunks
+        ],
+    )
+
+
 def apply_exact(original: str, file_diff: FileDiff) -> str:
     """Return ``original`` with ``file_diff`` applied; raise on any drift.
 
@@ -154,3 +180,35 @@ def apply_exact(original: str, file_diff: FileDiff) -> str:
         cursor = start + len(hunk.old_lines)
     result.extend(source[cursor:])
     return "".join(result)
+
+
+def apply_at_any_offset(original: str, file_diff: FileDiff) -> str:
+    """Like :func:`apply_exact`, but a hunk may sit at another line than its header names.
+
+    Every line of every hunk must still match exactly (no fuzz); a hunk is
+    taken at the matching place nearest to the line its header names, after
+    the previous hunk.  For text whose earlier lines were edited since the
+    diff was made (an overlay module, see ``overlay.py``).
+    """
+    source = original.splitlines(keepends=True)
+    hunks = []
+    cursor = 0
+    for number, hunk in enumerate(file_diff.hunks, start=1):
+        expected = hunk.old_start - 1 if hunk.old_lines else hunk.old_start
+        size = len(hunk.old_lines)
+        places = [
+            start
+            for start in range(cursor, len(source) - size + 1)
+            if source[start : start + size] == hunk.old_lines
+        ]
+        if not places:
+            raise PatchError(
+                f"{file_diff.path}: hunk #{number} ({hunk.header}) matches nowhere "
+                "after the previous one"
+            )
+        start = min(places, key=lambda place: abs(place - expected))
+        hunks.append(
+            dataclasses.replace(hunk, old_start=start + 1 if hunk.old_lines else start)
+        )
+        cursor = start + size
+    return apply_exact(original, FileDiff(file_diff.path, hunks))

@@ -17,8 +17,7 @@ from pathlib import Path
 
 from . import STACK_NAME
 from . import series as series_mod
-from . import unified_diff
-from .queue import apply_series_in_memory
+from . import overlay, unified_diff
 from .pristine import require_base_version, wheel_version
 
 # Written into the patched wheel so that an installed build identifies itself.
@@ -31,7 +30,7 @@ def _record_hash(data: bytes) -> str:
 
 
 def stack_info(
-    patches: list[series_mod.Patch], overlay: dict[str, bytes], digest: str, base: str
+    patches: list[series_mod.Patch], modules: dict[str, str], digest: str, base: str
 ) -> dict:
     return {
         "stack": STACK_NAME,
@@ -45,7 +44,7 @@ def stack_info(
             }
             for p in patches
         ],
-        "overlay": sorted(overlay),
+        "overlay": sorted(modules),
     }
 
 
@@ -54,38 +53,42 @@ def build(
     patch_dir: Path,
     overlay_dir: Path,
     out_dir: Path,
+    upto: int | None = None,
 ) -> Path:
-    """Write ``out_dir/<same name as official_wheel>`` with the stack applied."""
+    """Write ``out_dir/<same name as official_wheel>`` with the stack applied.
+
+    ``upto``: the number of patches of the series to apply (default: all),
+    with the overlay modules of those patches as they stand after them.
+    """
     base = wheel_version(official_wheel)
     require_base_version(base, series_mod.read_base(patch_dir), str(official_wheel))
-    patches = series_mod.read_series(patch_dir)
-    # torch_overlay/ mirrors the wheel's layout: its relative paths are wheel paths.
-    overlay = {
-        rel.as_posix(): (overlay_dir / rel).read_bytes()
-        for rel in series_mod.overlay_files(overlay_dir)
-    }
+    all_patches = series_mod.read_series(patch_dir)
+    count = len(all_patches) if upto is None else upto
+    patches = all_patches[:count]
     digest = series_mod.stack_digest(patch_dir, overlay_dir)
+    if count != len(all_patches):
+        digest = f"{digest}:upto{count}"
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / official_wheel.name
     partial = target.with_suffix(".partial")
     with zipfile.ZipFile(official_wheel) as source:
         names = set(source.namelist())
-        replaced = {
-            path: text.encode()
-            for path, text in apply_series_in_memory(
-                patches,
-                lambda path: source.read(path).decode() if path in names else None,
-            ).items()
-        }
-        clashes = sorted(set(overlay) & set(source.namelist()))
+        upstream, modules = overlay.tree_after(
+            all_patches,
+            lambda path: source.read(path).decode() if path in names else None,
+            overlay_dir,
+            count,
+        )
+        replaced = {path: text.encode() for path, text in upstream.items()}
+        added = {path: text.encode() for path, text in modules.items()}
+        clashes = sorted(set(added) & names)
         if clashes:
             raise unified_diff.PatchError(
                 f"torch_overlay/ may only add new modules; these exist upstream: {clashes} "
                 "(change them with a patch instead)"
             )
-        added = dict(overlay)
         added[STACK_INFO_PATH] = (
-            json.dumps(stack_info(patches, overlay, digest, base), indent=2) + "\n"
+            json.dumps(stack_info(patches, modules, digest, base), indent=2) + "\n"
         ).encode()
         record_name = next(
             n for n in source.namelist() if n.endswith(".dist-info/RECORD")

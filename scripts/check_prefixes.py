@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""Every prefix of the series stands alone: it imports, and passes its patch's tests.
+
+The series goes upstream as a ghstack, one PR per patch, and each PR must
+pass upstream CI on its own.  For stock torch (no patch) and for the series
+up to each patch but the last (the whole stack is what ``scripts/test.sh``
+tests), this script makes the prefix's torch package tree (``patchstack
+prefix``: the installed torch, hard-linked, with the files the series writes
+as the prefix leaves them), imports Inductor and the prefix's overlay modules
+from it, and runs the tests that the prefix's last patch names in its
+``Tests:`` header field (stock torch: ``STOCK_TESTS``, upstream's features
+for ordinary ops).  Prints a line per prefix with its wall time; exits 1 when
+any prefix fails.
+
+Run after ``./scripts/bootstrap.sh`` (it reads the installed torch of .venv):
+  python scripts/check_prefixes.py [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from torch_patch_stack import series
+
+
+# Upstream's documented features for ordinary custom ops, which must pass on
+# stock torch as they do on the stack.
+STOCK_TESTS = ["test/inductor/test_custom_op_autotuning_features.py", "-k", "Upstream"]
+IMPORTED = [
+    "torch._inductor.compile_fx",
+    "torch._inductor.select_algorithm",
+    "torch._inductor.scheduler",
+    "torch._inductor.codecache",
+    "torch._inductor.kernel.custom_op",
+]
+
+
+def run(command: list[str], env: dict[str, str]) -> tuple[bool, str]:
+    result = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, check=False
+    )
+    return result.returncode == 0, (result.stdout + result.stderr).strip()
+
+
+def check_prefix(count: int, patches: list[series.Patch], keep: bool) -> bool:
+    python = str(ROOT / ".venv" / "bin" / "python")
+    probe = "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('torch').origin))"
+    torch_dir = subprocess.run(
+        [python, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    dest = ROOT / "build" / "prefixes" / f"{count:04d}"
+    started = time.monotonic()
+    made, output = run(
+        [
+            python,
+            "scripts/patchstack.py",
+            "prefix",
+            "--upto",
+            str(count),
+            "--torch-dir",
+            torch_dir,
+            "--dest",
+            str(dest),
+        ],
+        dict(os.environ),
+    )
+    name = "stock torch" if count == 0 else patches[count - 1].file_name
+    if not made:
+        print(f"FAILED {name}: the prefix's tree could not be made\n{output}")
+        return False
+    env = {**os.environ, "PYTHONPATH": str(dest)}
+    modules = [
+        module.removesuffix(".py").replace("/", ".")
+        for patch in patches[:count]
+        for module in patch.overlay_modules
+    ]
+    imports = "; ".join(f"import {module}" for module in IMPORTED + modules)
+    check = f"import torch; assert torch.__file__.startswith({str(dest)!r}); {imports}"
+    ok, output = run([python, "-c", check], env)
+    if not ok:
+        print(f"FAILED {name}: importing Inductor and its modules\n{output[-3000:]}")
+        return False
+    if count == 0:
+        tests = STOCK_TESTS
+    else:
+        tests = shlex.split(patches[count - 1].fields.get("Tests", ""))
+    summary = "no tests named"
+    if tests:
+        ok, output = run(
+            [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], env
+        )
+        summary = output.splitlines()[-1] if output else ""
+        if not ok:
+            print(f"FAILED {name}: {shlex.join(tests)}\n{output[-5000:]}")
+            return False
+    if not keep:
+        import shutil
+
+        shutil.rmtree(dest, ignore_errors=True)
+    print(
+        f"ok     {name}: imports; {shlex.join(tests) or '-'}: {summary} "
+        f"({time.monotonic() - started:.0f} s)",
+        flush=True,
+    )
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--keep", action="store_true", help="keep build/prefixes/")
+    parser.add_argument(
+        "--only", type=int, action="append", help="check only this prefix (a count)"
+    )
+    args = parser.parse_args()
+    patches = series.read_series(ROOT / "patches")
+    counts = args.only or range(len(patches))
+    results = [check_prefix(count, patches, args.keep) for count in counts]
+    if not all(results):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
