@@ -62,7 +62,7 @@ def worker(
         IMPLEMENTATIONS,
         register_collective_implementations,
     )
-    from torch._inductor.runtime import collective_benchmarking
+    from torch._inductor.runtime import collective_decision_cache
     from torch._inductor.select_algorithm import add_feedback_saver
     from torch._inductor.virtualized import V
 
@@ -89,7 +89,7 @@ def worker(
             choices = []
             for _ in range(compiles):
                 torch._dynamo.reset()
-                collective_benchmarking._remembered.clear()
+                collective_decision_cache._remembered.clear()
                 register_collective_implementations(op, kind)
                 recorder.selected.clear()
                 with (

@@ -115,11 +115,11 @@ def forget_decisions() -> None:
     remembered in this process or stored in this rank's cache directory."""
     import shutil
 
-    from torch._inductor.runtime import collective_benchmarking
+    from torch._inductor.runtime import collective_decision_cache
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     torch._dynamo.reset()
-    collective_benchmarking._remembered.clear()
+    collective_decision_cache._remembered.clear()
     shutil.rmtree(os.path.join(cache_dir(), "collective_decisions"), ignore_errors=True)
 
 

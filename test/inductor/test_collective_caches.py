@@ -44,8 +44,7 @@ from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
-from torch._inductor.runtime import collective_benchmarking
-from torch._inductor.runtime.collective_control import HEARTBEAT_INTERVAL_S
+from torch._inductor.runtime import collective_decision_cache
 from torch.testing._internal.common_utils import run_tests
 
 from test_collective_autotuning import (
@@ -84,8 +83,8 @@ def settings(**patches):
 def restart() -> None:
     """What a new process starts with: no compiled frame, no decision in memory."""
     torch._dynamo.reset()
-    collective_benchmarking._remembered.clear()
-    collective_benchmarking._pre_agreed.clear()
+    collective_decision_cache._remembered.clear()
+    collective_decision_cache._pre_agreed.clear()
     counters.clear()
 
 
@@ -263,9 +262,9 @@ class RecompileTest(SpawnedRanksTestCase):
                 ) as logs:
                     with self.assertRaises(RuntimeError):
                         compiled(x, 1)
-                    # The heartbeat thread logs the verdict at its next beat,
-                    # which may come just after the collective failed.
-                    time.sleep(2 * HEARTBEAT_INTERVAL_S)
+                    # The verdict listener logs the verdict as soon as it is
+                    # given, which may come just after the collective failed.
+                    time.sleep(1.0)
                 self.assertIn("recompiled alone", "\n".join(logs.output))
 
     def test_guard_collectives_make_every_rank_recompile(self):

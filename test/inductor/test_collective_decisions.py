@@ -37,6 +37,7 @@ from torch._inductor.runtime import (
     collective_benchmarking as cb,
     collective_decisions as cd,
 )
+from torch._inductor.runtime.collective_session import classify
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 OK, PEER, TIMEOUT, WRONG, RAISED = (
@@ -277,16 +278,16 @@ class TestResultsAndScreening(TestCase):
         self.assertFalse(cd.outputs_match(torch.arange(4) + 1, torch.arange(4)))
 
     def test_error_classification(self):
-        self.assertIs(cb._classify(TimeoutError("x")), TIMEOUT)
+        self.assertIs(classify(TimeoutError("x")), TIMEOUT)
         self.assertIs(
-            cb._classify(RuntimeError("Timed out waiting 3000ms for recv operation")),
+            classify(RuntimeError("Timed out waiting 3000ms for recv operation")),
             TIMEOUT,
         )
         self.assertIs(
-            cb._classify(dist.DistBackendError("Connection closed by peer [::1]:1")),
+            classify(dist.DistBackendError("Connection closed by peer [::1]:1")),
             PEER,
         )
-        self.assertIs(cb._classify(ValueError("bad shape")), RAISED)
+        self.assertIs(classify(ValueError("bad shape")), RAISED)
 
     def test_config_validation(self):
         with self.assertRaisesRegex(ValueError, "nruns"):

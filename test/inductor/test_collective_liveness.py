@@ -16,6 +16,14 @@ same under V1, see ``test_collective_autotuning.py``):
   rank raises ``CollectiveBenchmarkError`` naming it as silent, within the
   timeout plus 5 s of the wedging candidate's start, long before the wedge
   ends; the wedged rank, once back, finds its peers' verdict and raises too.
+* A stuck rank is named.  The last rank blocks, inside a candidate's timed
+  run, in an all_reduce on the user's WORLD group object that no peer issues
+  (alive, its heartbeat going, but blocked in a collective its peers have
+  left, which dropping the benchmark channel cannot fail): every healthy
+  rank raises ``CollectiveBenchmarkError`` naming it and the collective it is
+  blocked in, within the timeout plus 5 s of the call that got stuck, not
+  after ``collective_benchmark_max_wait``.  The healthy ranks then join the
+  stuck collective, and the stuck rank, released, raises the same verdict.
 
 The killed-rank test stays in ``test_collective_autotuning.py``.
 """
@@ -130,6 +138,37 @@ class LivenessTests:
             # The wedge lasts 4 timeouts: naming the rank after one timeout
             # plus slack means its silence was noticed, not its return.
             self.assertLess(named_after, TIMEOUT_S + 5)
+
+    def test_stuck_rank_is_named_within_the_timeout(self):
+        self._init_process_group()
+        last = self.world_size - 1
+        FAULTS.clear()
+        FAULTS["gets_stuck"] = Fault("stuck", [last], call=NWARMUP + 2)
+        DELAY_MS.clear()
+        CALLED_AT.clear()
+        pattern = (
+            rf"ranks \[{last}\] of group .* blocked in torch.distributed.all_reduce"
+        )
+        # The max wait is far beyond the bound: only the stuck rule names it in time.
+        with tuning_config(
+            True,
+            collective_benchmark_timeout=TIMEOUT_S,
+            collective_benchmark_max_wait=20 * TIMEOUT_S,
+        ):
+            compiled = self._compile(["gets_stuck", "good"])
+            if self.rank == last:
+                # Released by its peers below, it finds their verdict.
+                with self.assertRaisesRegex(Exception, pattern):
+                    compiled(self._input())
+            else:
+                with self.assertRaisesRegex(Exception, pattern):
+                    compiled(self._input())
+                named_after = time.monotonic() - CALLED_AT[("gets_stuck", NWARMUP + 2)]
+                self.assertLess(named_after, TIMEOUT_S + 5)
+                # Join the collective the stuck rank is blocked in.
+                dist.all_reduce(torch.ones(1))
+        FAULTS.clear()
+        dist.destroy_process_group()
 
 
 for _world_size in (2, 3, 4):

@@ -1,31 +1,82 @@
-"""The control plane of collective benchmarking: liveness, agreement over the store, channels.
+"""The control plane of collective benchmarking: liveness and agreement over the store.
 
-``collective_benchmarking.py`` runs the protocol; this module holds what the
-protocol stands on when the data plane cannot be trusted:
+``collective_benchmarking.py`` runs the protocol; this module holds what it
+stands on when the data plane cannot be trusted, and everything it asks of
+the job's store.  One ``TCPStore`` serves every rank of a torchrun job, so
+what a rank asks of it is kept near zero: nothing while no session or compile
+that may tune is in flight, a handful of requests per session, and requests
+that grow neither with the number of members nor with the time spent waiting
+for one of them.
 
-* **Heartbeats.**  Every process that takes part in collective autotuning
-  runs one daemon thread that increments a counter in the job's store
-  (``torch.distributed``'s default store, the ``TCPStore`` of a torchrun job)
-  every :data:`HEARTBEAT_INTERVAL_S`, on a connection of its own
-  (``Store.clone``: a blocking store call on the main thread's connection
-  would stall it).  While a session runs, the same thread reads the counters
-  of the session's members, so that a rank knows at any moment how long ago
-  each peer last showed a sign of life.  The thread runs Python code, so a
-  rank whose main thread holds the GIL in a C call that never returns (a
-  *wedged* rank) stops beating, as does a dead one; a rank that is only busy
-  (a long kernel, a sleep, a slow host, a compile in a worker) keeps beating.
-* **Agreement** (:class:`ControlStore`).  A bounded rendezvous over the same
-  store: post a value, wait for every member's.  A member that has not
-  posted is waited for as long as its heartbeat advances, up to a hard cap
-  (``collective_benchmark_max_wait``); it is *lost* when its heartbeat has
-  not advanced for ``collective_benchmark_timeout``, or when it has shown no
-  heartbeat at all for that long since the wait began.  A rank that gives up
-  leaves its verdict in the store, so that a member arriving later raises the
-  same error at once instead of waiting in turn.
-* **Benchmark channels.**  Candidates run on a private process group over
-  the op group's ranks (see the module docstring of
-  ``collective_benchmarking.py`` for why a channel that failed is dropped,
-  never reused), registered under the op group's name while a round runs.
+Liveness
+--------
+Every process that tunes runs one daemon thread (:class:`Liveness`).  It
+*beats*, i.e. rewrites one key of its own, ``status/<rank>``, every
+:func:`beat_interval` seconds, but only while the process has a session open,
+its main thread compiles (Dynamo's frame compilation, which holds the
+lowering and the scheduler where sessions start), or a peer woke it (below).
+The key carries a counter that advances with every beat, what the process
+does (``compiling``, ``session`` or ``idle``), the frames it opened sessions
+for, and, when its main thread is inside a collective call, which one and
+for how long.  When the process stops, the thread writes ``idle`` once and
+then asks nothing of the store.  The thread runs Python code, so a process
+whose main thread holds the GIL in a C call that never returns (*wedged*)
+stops beating, as does a dead one; a process that is only busy (a long
+kernel, a sleep, a slow host, a compile) keeps beating.
+
+A process that beats on its own cannot tell a peer that is idle (it runs
+compiled or eager code, on its way to a compile or not) from one that is
+dead.  So every process also keeps one request blocked in the store, on its
+``wake/<rank>`` key: a peer that waits for it sets the key, and the process
+then beats for two timeouts (its peer keeps waking it while it waits).  A
+member that was woken and does not beat within a timeout is dead or wedged.
+
+Agreement
+---------
+:class:`ControlStore` gives a session bounded rendezvous over the store.  Each
+member counts itself in with one ``add``; the member that completes the count
+sets the rendezvous' ``done`` key; every other member blocks in one ``wait``
+on it.  Values travel in one append-only log per rendezvous (read once, when
+complete), in counters, or in compare-and-set claims: no member reads the
+others one by one in the happy path.
+
+Each member's liveness thread reads the status of *one* other member, its
+successor in the group's ring (the next rank), once per beat interval while
+its session is open; while the member waits in a rendezvous it applies the
+rules below to what it read.  Any member that does not arrive is the
+successor of a member that did, or of one that did not, and so on back to
+the first member that waits: some member watches it.  When a rule fires, the
+watcher gives the rendezvous its *verdict*, by compare-and-set on the
+rendezvous' ``verdict`` and ``done`` keys: the first verdict is the one every
+member raises, and a member arriving later raises it at once.  A member is
+given up on when
+
+* it compiles or has a session open, but its counter has not advanced for
+  ``collective_benchmark_timeout`` (dead, or wedged);
+* it was woken and has not beaten within a timeout (dead, or wedged);
+* it has been inside the same collective call for longer than the timeout
+  while its peers wait in a *failure agreement* of the session it is in:
+  they have left the step that collective belongs to, so it cannot complete
+  (it is not on the session's channel, whose failure would have failed it);
+* it runs compiled code (``idle``) and compiled the waiting member's frame
+  before, fewer times: the waiting member recompiled alone (a guard failed on
+  it only).  This verdict is also sent to every member's ``wake`` key, where
+  its listener logs it: a rank blocked in a collective of its compiled code
+  cannot raise, but its log says why;
+* it is alive but still absent after ``collective_benchmark_max_wait``.
+
+Requests
+--------
+A member arriving at a rendezvous makes one ``add``, one ``wait`` (or, when it
+completes the count, one ``compare_set``) and one ``get``; a value costs one
+``append`` or ``add`` more and one read of the log.  During a session a member
+beats and reads one status per beat interval; a member that waits for an
+idle peer wakes it once per half timeout.  A session deletes its keys when
+every member has left it (the member that leaves last deletes them); what
+stays in the store is one status key per process, and after a failure the
+keys of the failed session.  Outside sessions and compiles a process makes
+no request; its one blocked ``wait`` is re-issued once a day.
+:data:`store_requests` counts every request this module makes, by kind.
 
 Nothing here is a collective: every call on the store is a point-to-point
 request to the store's server, which does not depend on any channel.
@@ -34,12 +85,15 @@ request to the store's server, which does not depend on any channel.
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
+import json
 import logging
 import sys
 import threading
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch
@@ -47,41 +101,55 @@ import torch.distributed as dist
 
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
-    from datetime import timedelta
+    from collections.abc import Callable, Iterator, Sequence
 
 
 __all__ = [
     "CollectiveBenchmarkError",
     "CollectiveBenchmarkTimeout",
     "ControlStore",
-    "HEARTBEAT_INTERVAL_S",
+    "Liveness",
+    "MemberStatus",
+    "StoreClient",
+    "beat_interval",
+    "ensure_heartbeat",
+    "main_store_client",
     "resolve_group",
+    "store_requests",
 ]
 
 log = logging.getLogger(__name__)
 
-# Keys of every session live under this prefix of the default store.
+# Every key this module writes lives under this prefix of the default store.
 STORE_PREFIX = "collective_benchmarking"
 
-# Where a rank that gives up on the whole job says why (see _Heartbeat._announce_verdict).
-_JOB_VERDICT = f"{STORE_PREFIX}/job_verdict"
 
-# How often a rank's heartbeat advances.  Small against any sensible timeout
-# (seconds), large against a store round trip (tens of microseconds).
-HEARTBEAT_INTERVAL_S = 0.5
+def status_key(global_rank: int) -> str:
+    return f"{STORE_PREFIX}/status/{global_rank}"
 
-# The slices in which a rank polls the store while it waits: responsive to a
-# verdict or a late post within 50 ms, at most 20 requests a second per member.
-_POLL_MAX_S = 0.05
+
+def wake_key(global_rank: int) -> str:
+    """The key a process's listener blocks on: set to wake it (see :class:`Liveness`)."""
+    return f"{STORE_PREFIX}/wake/{global_rank}"
+
+
+_VERDICT_PREFIX = "verdict|"
+
+# A store wait that is meant to end by an event, not by its timeout: the
+# timeout is only a backstop (a timed-out store request logs a c10d warning,
+# which the protocol must not cause routinely).
+_BACKSTOP = timedelta(days=1)
+
+# Every request this module made to the store, by kind.
+store_requests: collections.Counter[str] = collections.Counter()
 
 
 class CollectiveBenchmarkError(RuntimeError):
     """Benchmarking cannot reach a decision every rank shares.
 
     Raised on every healthy rank of the group, at the same protocol step, when
-    a member is lost (dead, wedged, or late past the cap) or when the members
-    are not tuning the same op.
+    a member is lost (dead, wedged, stuck, or late past the cap) or when the
+    members are not tuning the same op.
     """
 
 
@@ -102,7 +170,8 @@ def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
         )
     if group is None:
         world = dist.group.WORLD
-        assert world is not None  # set by init_process_group, checked above
+        if world is None:
+            raise CollectiveBenchmarkError("the default process group was destroyed")
         return world
     if isinstance(group, str):
         return dist.distributed_c10d._resolve_process_group(
@@ -111,443 +180,735 @@ def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
     return group
 
 
-def _heartbeat_key(global_rank: int) -> str:
-    return f"{STORE_PREFIX}/heartbeat/{global_rank}"
+def beat_interval(timeout: timedelta) -> float:
+    """Seconds between two beats, and between two reads of a watched member.
+
+    An eighth of the timeout: a lost member is named within the timeout plus
+    one interval, and a beating process asks little of the store (one request
+    every 3.75 s at the default timeout of 30 s).
+    """
+    return min(max(timeout.total_seconds() / 8, 0.05), 5.0)
 
 
-# --- heartbeats ---------------------------------------------------------------------
+# --- the store ---------------------------------------------------------------------
+_UNSET = "\x00unset"
+
+
+class StoreClient:
+    """A connection of this module's own to the job's store, counting its requests.
+
+    Blocking waits happen on connections of this module's own (``clone``), so
+    that they never hold up the connection that process groups use.  Every
+    request is counted in :data:`store_requests` and in ``requests``; when
+    ``times`` is a list, each request's ``time.monotonic()`` is appended to it.
+    """
+
+    def __init__(self, store: dist.Store) -> None:
+        self._store = store
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.times: list[float] | None = None
+
+    def _count(self, kind: str) -> None:
+        store_requests[kind] += 1
+        self.requests[kind] += 1
+        if self.times is not None:
+            self.times.append(time.monotonic())
+
+    def set(self, key: str, value: str) -> None:
+        self._count("set")
+        self._store.set(key, value)
+
+    def get(self, key: str) -> str:
+        self._count("get")
+        return self._store.get(key).decode()
+
+    def add(self, key: str, amount: int) -> int:
+        self._count("add")
+        return self._store.add(key, amount)
+
+    def append(self, key: str, value: str) -> None:
+        self._count("append")
+        # Missing from Store's stubs; every c10d store implements it.
+        self._store.append(key, value)  # type: ignore[attr-defined]
+
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        """Set ``key`` to ``desired`` if it holds ``expected`` ("" for unset); its value."""
+        self._count("compare_set")
+        return self._store.compare_set(key, expected, desired).decode()
+
+    def wait(self, key: str, timeout: timedelta) -> None:
+        self._count("wait")
+        self._store.wait([key], timeout)
+
+    def delete(self, key: str) -> None:
+        self._count("delete_key")
+        self._store.delete_key(key)
+
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        self._count("multi_set")
+        # Missing from Store's stubs; every c10d store implements it.
+        self._store.multi_set(keys, values)  # type: ignore[attr-defined]
+
+    def read_if_set(self, key: str) -> str | None:
+        """The value of ``key``, or None when it is not set; one request, never blocks."""
+        # A compare-and-set whose expected value no writer uses never sets,
+        # and answers the value, or the expected one when the key is unset.
+        value = self.compare_set(key, _UNSET, _UNSET)
+        return None if value == _UNSET else value
+
+
+def _default_store() -> dist.Store:
+    return dist.distributed_c10d._get_default_store()
+
+
+_main_clients: dict[int, tuple[dist.Store, StoreClient]] = {}
+
+
+def main_store_client() -> StoreClient:
+    """The calling process's connection for this module's requests, made once per store."""
+    store = _default_store()
+    known = _main_clients.get(id(store))
+    if known is None or known[0] is not store:
+        _main_clients.clear()
+        known = _main_clients[id(store)] = (store, StoreClient(store.clone()))
+    return known[1]
+
+
+# --- liveness ------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MemberStatus:
+    """What a process's ``status/<rank>`` key says about it."""
+
+    counter: int
+    activity: str  # "compiling", "session" or "idle"
+    sessions: tuple[str, ...] = ()  # the sessions it has open
+    blocked_in: str = ""  # the collective call its main thread is in ...
+    blocked_for: float = 0.0  # ... and for how many seconds, when it beat
+    frames: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def encode(self) -> str:
+        return json.dumps(
+            [
+                self.counter,
+                self.activity,
+                self.sessions,
+                self.blocked_in,
+                round(self.blocked_for, 3),
+                self.frames,
+            ]
+        )
+
+    @staticmethod
+    def decode(text: str) -> MemberStatus:
+        counter, activity, sessions, blocked_in, blocked_for, frames = json.loads(text)
+        return MemberStatus(
+            counter, activity, tuple(sessions), blocked_in, blocked_for, frames
+        )
+
+
+def _collective_call(frame: object) -> str:
+    # The collective that a thread whose innermost Python frame is ``frame``
+    # is inside, or "": an op of torch's c10d namespaces called through
+    # OpOverload.__call__ (compiled code, functional collectives), or a
+    # function of torch.distributed.distributed_c10d (eager collectives).
+    code = getattr(frame, "f_code", None)
+    if code is None:
+        return ""
+    if code.co_filename.endswith("distributed_c10d.py"):
+        return f"torch.distributed.{code.co_name}"
+    if code.co_name == "__call__" and code.co_filename.endswith("_ops.py"):
+        op = getattr(frame, "f_locals", {}).get("self")
+        if getattr(op, "namespace", "") in ("_c10d_functional", "c10d"):
+            return str(op)
+    return ""
+
+
 @dataclasses.dataclass
-class _Observation:
-    value: int  # the peer's counter when last read
-    # When the counter was last seen to advance; None after a single reading,
-    # which cannot tell how long the counter had been standing still.
-    advanced_at: float | None = None
-    # Whether the peer is compiling, and since when (as observed) it is not.
-    compiling: bool = True
-    running_since: float | None = None
+class Observation:
+    """What a liveness thread saw of one member, from its first read of the member's status."""
+
+    status: MemberStatus | None
+    first_read: float
+    advanced_at: float | None = None  # when its counter was last seen to change
+    idle_since: float | None = None  # since when it has been seen idle
+
+    def update(self, status: MemberStatus | None, now: float) -> None:
+        if status is not None and (
+            self.status is None or status.counter != self.status.counter
+        ):
+            self.advanced_at = now
+        if status is not None and status.activity == "idle":
+            self.idle_since = self.idle_since or now
+        else:
+            self.idle_since = None
+        self.status = status
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the counter was last seen to change (or since the first read)."""
+        return now - (self.advanced_at or self.first_read)
 
 
-def _activity_key(global_rank: int) -> str:
-    return f"{STORE_PREFIX}/activity/{global_rank}"
+@dataclasses.dataclass
+class Watch:
+    """A rendezvous that the main thread waits in, and the member its liveness thread watches."""
+
+    control: ControlStore
+    tag: str
+    what: str
+    successor: int  # group rank of the watched member
+    failure_agreement: bool
+    also: str | None = None  # a counter of members that count as arrived
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    first_woke_at: float | None = None  # when the watcher first woke the member
+    woke_at: float | None = None  # ... and last
 
 
-def _frame_key(global_rank: int, frame: str) -> str:
-    return f"{STORE_PREFIX}/frames/{global_rank}/{frame}"
+class Liveness:
+    """A process's heartbeat, and its watch over the members its main thread waits for.
 
+    See the module docstring.  ``compiling`` says whether the watched main
+    thread compiles (the default reads its stack); the store, the rank and
+    the main thread are injectable, and the wake listener can be left out,
+    so that one process can simulate many ranks
+    (``scripts/bench_collective_control.py``).
+    """
 
-def _main_thread_compiling() -> bool:
-    # Whether the main thread is inside Dynamo's frame compilation (tracing
-    # and Inductor both run there).  Read from the thread's stack, not from
-    # Dynamo's callbacks, which torch._dynamo.reset() clears.
-    from torch._dynamo.convert_frame import _compile
-
-    main_ident = threading.main_thread().ident
-    assert main_ident is not None  # the main thread is always started
-    frame = sys._current_frames().get(main_ident)
-    while frame is not None:
-        if frame.f_code is _compile.__code__:
-            return True
-        frame = frame.f_back
-    return False
-
-
-class _Heartbeat:
-    """This process's heartbeat and its observations of its peers' (see the module docstring)."""
-
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        store: Callable[[], dist.Store] = _default_store,
+        global_rank: Callable[[], int] = dist.get_rank,
+        main_thread: threading.Thread | None = None,
+        compiling: Callable[[], bool] | None = None,
+        listen: bool = True,
+    ) -> None:
+        self._store_factory = store
+        self._listen = listen
+        self._global_rank = global_rank
+        self._main_thread = main_thread or threading.main_thread()
+        self._compiling = compiling or self._main_thread_compiling
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-        self._store: dist.Store | None = None  # the default store this thread beats on
+        self._wake = threading.Event()
         self._stop = threading.Event()
-        self._watched: dict[int, int] = {}  # global rank -> sessions watching it
-        self._seen: dict[int, _Observation] = {}
-        self._verdict_announced = False
+        self._thread: threading.Thread | None = None
+        self._store: dist.Store | None = None
+        self.client: StoreClient | None = None  # the thread's connection
+        self._rank = -1
+        self._counter = 0
+        self._published = ""  # the activity last written
+        self._sessions: dict[str, int] = {}  # open sessions -> how many
+        self._frames: dict[str, int] = {}  # frame id -> highest compile index
+        self._watches: list[Watch] = []
+        # Members observed while a session is open (global rank -> how many
+        # sessions observe it), and what was seen of them.
+        self._observed: dict[int, int] = {}
+        self._seen: dict[int, Observation] = {}
+        self._interval = beat_interval(timedelta(seconds=30))
+        self._timeout = 30.0
+        self._awake_until = 0.0  # beats while idle until then, when a peer woke it
+        self._blocked: tuple[int, int, str] | None = None
+        self._blocked_since = 0.0
 
-    def ensure_running(self) -> None:
-        """Start beating on the current default store (again after it changed)."""
-        store = dist.distributed_c10d._get_default_store()
+    # The main thread's side -----------------------------------------------------
+    def ensure_running(self, timeout: timedelta | None = None) -> None:
+        """Start the thread on the current default store (again after it changed)."""
+        if timeout is not None:
+            self._interval = beat_interval(timeout)
+            self._timeout = timeout.total_seconds()
+        store = self._store_factory()
         with self._lock:
-            if (
-                self._thread is not None
-                and self._thread.is_alive()
-                and self._store is store
-            ):
-                return
+            if self._thread is not None and self._thread.is_alive():
+                if self._store is store:
+                    return
             self._stop.set()
             self._stop = threading.Event()
-            self._store = store
-            self._seen.clear()
+            self._store, self._rank, self._published = store, self._global_rank(), ""
+            self.client = StoreClient(store.clone())
             self._thread = threading.Thread(
                 target=self._run,
-                args=(store.clone(), dist.get_rank(), self._stop),
-                name="collective-benchmark-heartbeat",
+                args=(self.client, self._stop),
+                name="collective-benchmark-liveness",
                 daemon=True,
             )
             self._thread.start()
+            if self._listen:
+                threading.Thread(
+                    target=self._listen_for_wakes,
+                    args=(StoreClient(store.clone()), self._rank, self._stop),
+                    name="collective-benchmark-wakes",
+                    daemon=True,
+                ).start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     @contextmanager
-    def watching(self, global_ranks: Sequence[int]) -> Iterator[None]:
-        """Observe these ranks' heartbeats for the duration (a session)."""
+    def session(
+        self, name: str, frame: tuple[int, int] | None, observe: int | None = None
+    ) -> Iterator[None]:
+        """Beat for the duration of a session, and observe the member ``observe``.
+
+        ``frame`` is the session's (frame id, compile index).  The observed
+        member (the session's ring successor, a global rank) is read once per
+        beat interval from the start, so that when a rendezvous waits for it,
+        how long it has been silent is already known.
+        """
         with self._lock:
-            for rank in global_ranks:
-                self._watched[rank] = self._watched.get(rank, 0) + 1
+            self._sessions[name] = self._sessions.get(name, 0) + 1
+            if frame is not None:
+                key = str(frame[0])
+                self._frames[key] = max(self._frames.get(key, -1), frame[1])
+            if observe is not None:
+                self._observed[observe] = self._observed.get(observe, 0) + 1
+        self._wake.set()
         try:
             yield
         finally:
             with self._lock:
-                for rank in global_ranks:
-                    self._watched[rank] -= 1
-                    if not self._watched[rank]:
-                        del self._watched[rank]
-                        self._seen.pop(rank, None)
+                self._sessions[name] -= 1
+                if not self._sessions[name]:
+                    del self._sessions[name]
+                if observe is not None:
+                    self._observed[observe] -= 1
+                    if not self._observed[observe]:
+                        del self._observed[observe]
+                        self._seen.pop(observe, None)
+            self._wake.set()
 
-    def silent_for(self, global_rank: int) -> float | None:
-        """Seconds since ``global_rank``'s heartbeat last advanced, as observed here.
+    @property
+    def interval(self) -> float:
+        """Seconds between two beats (and two observations)."""
+        return self._interval
 
-        ``None`` until it has been seen to advance once while watched.
-        """
+    def seen(self, global_rank: int) -> Observation | None:
+        """What this thread has seen of an observed member, if it read it yet."""
         with self._lock:
-            seen = self._seen.get(global_rank)
-        if seen is None or seen.advanced_at is None:
-            return None
-        return time.monotonic() - seen.advanced_at
+            return self._seen.get(global_rank)
 
-    def running_for(self, global_rank: int) -> float:
-        """Seconds for which ``global_rank`` has been seen not compiling (0 while it compiles)."""
+    @contextmanager
+    def watching(self, watch: Watch) -> Iterator[None]:
+        """Watch ``watch.successor`` while the main thread waits in ``watch.tag``."""
         with self._lock:
-            seen = self._seen.get(global_rank)
-        if seen is None or seen.running_since is None:
-            return 0.0
-        return time.monotonic() - seen.running_since
+            self._watches.append(watch)
+        self._wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._watches.remove(watch)
 
-    def _run(self, store: dist.Store, rank: int, stop: threading.Event) -> None:
-        own = _heartbeat_key(rank)
-        published = None
+    # The thread's side --------------------------------------------------------------
+    def _main_thread_compiling(self) -> bool:
+        # Whether the main thread is inside Dynamo's frame compilation (tracing
+        # and Inductor both run there), read from its stack: Dynamo's
+        # callbacks are cleared by torch._dynamo.reset().
+        from torch._dynamo.convert_frame import _compile
+
+        frame = sys._current_frames().get(self._main_thread.ident or -1)
+        while frame is not None:
+            if frame.f_code is _compile.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def _blocked_call(self, now: float) -> tuple[str, float]:
+        frame = sys._current_frames().get(self._main_thread.ident or -1)
+        call = _collective_call(frame)
+        if not call or frame is None:
+            self._blocked = None
+            return "", 0.0
+        identity = (id(frame), frame.f_lasti, call)
+        if self._blocked != identity:
+            self._blocked, self._blocked_since = identity, now
+        return call, now - self._blocked_since
+
+    def _listen_for_wakes(
+        self, client: StoreClient, rank: int, stop: threading.Event
+    ) -> None:
+        # One blocked request per process, on a connection of its own.  A
+        # peer that waits for this process while it is idle wakes it, and it
+        # beats for two timeouts: alive (running compiled code, or eager code
+        # on its way to a compile) is then told apart from dead.  A verdict
+        # on the job wakes it too, and is logged: a rank blocked in a
+        # collective of its compiled code cannot raise, but its log says why.
+        key = wake_key(rank)
+        logged = False
         while not stop.is_set():
             try:
-                store.add(own, 1)
-                compiling = _main_thread_compiling()
-                if compiling != published:
-                    store.set(
-                        _activity_key(rank), "compiling" if compiling else "running"
-                    )
-                    published = compiling
-                with self._lock:
-                    watched = list(self._watched)
-                for peer in watched:
-                    value = store.add(_heartbeat_key(peer), 0)
-                    activity = (
-                        store.get(_activity_key(peer))
-                        if store.check([_activity_key(peer)])
-                        else b""
-                    )
-                    now = time.monotonic()
-                    with self._lock:
-                        seen = self._seen.setdefault(peer, _Observation(value))
-                        if seen.value != value:
-                            seen.value, seen.advanced_at = value, now
-                        seen.compiling = activity != b"running"
-                        if seen.compiling:
-                            seen.running_since = None
-                        elif seen.running_since is None:
-                            seen.running_since = now
-                self._announce_verdict(store)
-            except Exception:  # the store went away: the process group was destroyed
-                log.debug("collective benchmarking heartbeat stopped", exc_info=True)
+                client.wait(key, _BACKSTOP)
+                value = client.get(key)
+                client.delete(key)
+            except Exception:  # the store went away, or a day passed
+                log.debug("collective autotuning wake listener stopped", exc_info=True)
                 return
-            stop.wait(HEARTBEAT_INTERVAL_S)
+            if value.startswith(_VERDICT_PREFIX) and not logged:
+                logged = True
+                log.error(
+                    "collective autotuning: a peer gave up on this job: %s",
+                    value[len(_VERDICT_PREFIX) :],
+                )
+            self._awake_until = time.monotonic() + 2 * self._timeout
+            self._wake.set()
 
-    def _announce_verdict(self, store: dist.Store) -> None:
-        # A rank that gave up on the job (its peers are not compiling what it
-        # compiles) leaves the reason where every rank's heartbeat sees it: a
-        # rank blocked in a collective of its compiled code cannot raise, but
-        # its log says why the collective will fail.
-        if self._verdict_announced or not store.check([_JOB_VERDICT]):
-            return
-        self._verdict_announced = True
-        log.error(
-            "collective autotuning: a peer gave up on this job: %s",
-            store.get(_JOB_VERDICT).decode(),
-        )
+    def _observe(self, client: StoreClient, member: int) -> None:
+        text = client.read_if_set(status_key(member))
+        status = MemberStatus.decode(text) if text is not None else None
+        now = time.monotonic()
+        with self._lock:
+            if member not in self._observed:
+                return
+            seen = self._seen.setdefault(member, Observation(None, now))
+            seen.update(status, now)
+
+    def _run(self, client: StoreClient, stop: threading.Event) -> None:
+        key = status_key(self._rank)
+        while not stop.is_set():
+            try:
+                with self._lock:
+                    sessions = tuple(sorted(self._sessions))
+                    frames = dict(self._frames)
+                    watches = list(self._watches)
+                    observed = list(self._observed)
+                if sessions:
+                    activity = "session"
+                else:
+                    activity = "compiling" if self._compiling() else "idle"
+                awake = time.monotonic() < self._awake_until
+                if activity != "idle" or self._published != "idle" or awake:
+                    blocked, blocked_for = self._blocked_call(time.monotonic())
+                    self._counter += 1
+                    status = MemberStatus(
+                        self._counter, activity, sessions, blocked, blocked_for, frames
+                    )
+                    client.set(key, status.encode())
+                    self._published = activity
+                for member in observed:
+                    self._observe(client, member)
+                for watch in watches:
+                    watch.control.check(client, watch)
+            except Exception:  # the store went away: the process group was destroyed
+                log.debug("collective benchmarking liveness stopped", exc_info=True)
+                return
+            self._wake.wait(self._interval)
+            self._wake.clear()
 
 
-_heartbeat = _Heartbeat()
-atexit.register(_heartbeat.stop)
+_liveness = Liveness()
+atexit.register(_liveness.stop)
 
 
-def ensure_heartbeat() -> None:
-    """Start this process's heartbeat (idempotent); peers wait for a rank that beats.
+def ensure_heartbeat(timeout: timedelta | None = None) -> None:
+    """Start this process's liveness thread (idempotent).
 
+    From then on the process beats while it compiles or has a session open,
+    so that peers waiting for it know it is alive; ``timeout`` (default:
+    ``torch._inductor.config.collective_benchmark_timeout``) sets how often.
     Does nothing before ``init_process_group``: the session that follows
     reports the missing process group.
     """
     if dist.is_available() and dist.is_initialized():
-        _heartbeat.ensure_running()
+        if timeout is None:
+            from torch._inductor import config
+
+            timeout = timedelta(seconds=config.collective_benchmark_timeout)
+        _liveness.ensure_running(timeout)
 
 
 # --- agreement ----------------------------------------------------------------------
 class ControlStore:
-    """Bounded, liveness-aware rendezvous over the default store, which survives a dead channel."""
+    """Bounded, liveness-aware rendezvous of one session over the job's store.
+
+    Every member of the session's group constructs it with the same
+    ``prefix`` (unique to the session) and makes the same calls in the same
+    order.  See the module docstring for the keys and the requests.
+    """
 
     def __init__(
         self,
         prefix: str,
+        rank: int,
+        global_ranks: Sequence[int],
+        group_name: str,
+        timeout: timedelta,
+        max_wait: timedelta,
+        client: StoreClient | None = None,
+        liveness: Liveness = _liveness,
+    ) -> None:
+        self.prefix = prefix
+        self.rank = rank
+        self.global_ranks = list(global_ranks)
+        self.size = len(self.global_ranks)
+        self.group_name = group_name
+        self.timeout = timeout.total_seconds()
+        self.max_wait = max(max_wait.total_seconds(), self.timeout)
+        self.client = client or main_store_client()
+        self.liveness = liveness
+        self.frame: tuple[int, int] | None = None
+        self._keys: set[str] = set()  # shared keys, deleted by the last to leave
+
+    @classmethod
+    def for_group(
+        cls,
+        prefix: str,
         group: dist.ProcessGroup,
         timeout: timedelta,
         max_wait: timedelta,
-    ) -> None:
-        self.store = dist.PrefixStore(
-            prefix, dist.distributed_c10d._get_default_store()
+    ) -> ControlStore:
+        return cls(
+            prefix,
+            group.rank(),
+            dist.get_process_group_ranks(group),
+            group.group_name,
+            timeout,
+            max_wait,
         )
-        self.rank = group.rank()
-        self.size = group.size()
-        self.global_ranks = dist.get_process_group_ranks(group)
-        self.group_name = group.group_name
-        self.timeout = timeout.total_seconds()
-        self.max_wait = max(max_wait.total_seconds(), self.timeout)
-        # (frame id, compile index) of the session's compile
-        self.frame: tuple[int, int] | None = None
+
+    def _key(self, name: str) -> str:
+        key = f"{self.prefix}{name}"
+        self._keys.add(key)
+        return key
 
     @contextmanager
     def session(self) -> Iterator[None]:
-        """Heartbeats on, and the members watched, for the duration."""
-        ensure_heartbeat()
-        # Which compile of which frame this session belongs to, where waiting
-        # peers can read it (see _not_compiling_this).
+        """Beat, and watch peers while waiting, for the duration.
+
+        On a normal exit the member counts itself out; the member that leaves
+        last deletes the session's keys.  After an exception the keys stay.
+        """
         compile_id = torch._guards.CompileContext.current_compile_id()
-        self.frame = None
         if compile_id is not None and compile_id.frame_id is not None:
             self.frame = (compile_id.frame_id, compile_id.frame_compile_id or 0)
-            root = dist.distributed_c10d._get_default_store()
-            root.set(
-                _frame_key(dist.get_rank(), str(self.frame[0])), str(self.frame[1])
-            )
-        with _heartbeat.watching(self.global_ranks):
+        self.liveness.ensure_running(timedelta(seconds=self.timeout))
+        successor = self.global_ranks[(self.rank + 1) % self.size]
+        observe = successor if self.size > 1 else None
+        with self.liveness.session(self.prefix, self.frame, observe):
             yield
+        if self.client.add(self._key("left"), 1) == self.size:
+            for key in sorted(self._keys):
+                self.client.delete(key)
 
-    def post(self, tag: str, value: str) -> None:
-        """Post without waiting (a member's waits count it as arrived at ``tag``)."""
-        self.store.set(f"{tag}/{self.rank}", value)
+    # Rendezvous -------------------------------------------------------------------
+    def barrier(self, tag: str, what: str, also: str | None = None) -> None:
+        """Return once every member arrived at ``tag``; raise the verdict otherwise.
 
-    def rendezvous(
-        self, tag: str, value: str, what: str, also: Sequence[str] = ()
-    ) -> list[str]:
-        """Post ``value`` under ``tag`` and return every member's value, in rank order.
-
-        A member's post under one of the ``also`` tags counts too (prefixed
-        with that tag and ``":"``): a member that went past this step posts
-        where it went.  Raises :class:`CollectiveBenchmarkError` naming the
-        members that are lost or late past the cap; a member that finds a
-        peer's verdict (it gave up first) raises the same error at once.
+        Members counted under the counter ``also`` (they went past this step)
+        count as arrived.  ``what`` names the step in errors.
         """
-        self.post(tag, value)
-        posts = self._wait_for(tag, list(range(self.size)), what, also)
-        return [posts[rank] for rank in range(self.size)]
+        arrived = self.client.add(self._key(f"{tag}/count"), 1)
+        if also is not None:
+            arrived += self.client.add(self._key(also), 0)
+        done = self._key(f"{tag}/done")
+        if arrived >= self.size:
+            self._finish(self.client, tag, "complete")
+        else:
+            watch = Watch(
+                self,
+                tag,
+                what,
+                (self.rank + 1) % self.size,
+                failure_agreement=tag.startswith("failure"),
+                also=also,
+            )
+            with self.liveness.watching(watch):
+                self._wait(done, what)
+        if self.client.get(done) != "complete":
+            giver, _, message = self.client.get(
+                f"{self.prefix}{tag}/verdict"
+            ).partition("|")
+            if int(giver) != self.rank:
+                message += " (the verdict of a peer that gave up waiting)"
+            raise CollectiveBenchmarkError(message)
 
-    def fetch(self, tag: str, rank: int, what: str) -> str:
-        """The value that member ``rank`` posts under ``tag``, waited for as :meth:`rendezvous` waits."""
-        return self._wait_for(tag, [rank], what, ())[rank]
+    def _wait(self, key: str, what: str) -> None:
+        # The liveness thread ends the wait with a verdict when a rule fires;
+        # this deadline only matters when that thread is gone.
+        deadline = timedelta(seconds=self.max_wait + 2 * self.timeout)
+        try:
+            self.client.wait(key, deadline)
+        except Exception as error:
+            raise CollectiveBenchmarkError(
+                f"collective autotuning: {what} did not complete within "
+                f"{deadline.total_seconds():g}s on group {self.group_name!r}: {error}"
+            ) from error
 
-    def _wait_for(
-        self, tag: str, ranks: list[int], what: str, also: Sequence[str]
-    ) -> dict[int, str]:
-        started = time.monotonic()
-        pending = list(ranks)
-        posts: dict[int, str] = {}
-        delay = 0.001
-        while True:
-            for rank in list(pending):
-                found = self._find_post(rank, tag, also)
-                if found is not None:
-                    posts[rank] = found
-                    pending.remove(rank)
-            verdict = self._verdict(tag)
-            if verdict is not None:
-                raise CollectiveBenchmarkError(
-                    f"{verdict} (the verdict of a peer that gave up waiting)"
-                )
-            if not pending:
-                return posts
-            waited = time.monotonic() - started
-            alone = [rank for rank in pending if self._not_compiling_this(rank)]
-            if alone:
-                # _not_compiling_this is False for every rank without a frame.
-                assert self.frame is not None
+    def gather(
+        self, tag: str, value: str, what: str, also: str | None = None
+    ) -> list[str | None]:
+        """Post ``value`` under ``tag``; every member's value, in rank order.
+
+        A member counted under ``also`` posted nothing: its entry is None.
+        """
+        log_key = self._key(f"{tag}/log")
+        self.client.append(log_key, f"{self.rank}:{len(value)}:{value}")
+        self.barrier(tag, what, also)
+        return self._parse_log(self.client.get(log_key))
+
+    def _parse_log(self, text: str) -> list[str | None]:
+        posts: list[str | None] = [None] * self.size
+        position = 0
+        while position < len(text):
+            rank, length, _ = text[position:].split(":", 2)
+            start = position + len(rank) + len(length) + 2
+            posts[int(rank)] = text[start : start + int(length)]
+            position = start + int(length)
+        return posts
+
+    def count(self, name: str, amount: int = 1) -> int:
+        """Add ``amount`` to the session's counter ``name``; its new value."""
+        return self.client.add(self._key(name), amount)
+
+    def claim(self, name: str, value: str) -> str:
+        """Claim ``name`` for this member with ``value``; the claim that holds so far.
+
+        The claim of the lowest-ranked member that claims holds, whatever the
+        order in which members claim (a compare-and-set loop, which retries
+        only when another member claims at the same moment).  Claims are read
+        (:meth:`read_claim`) after a rendezvous that every claimer claimed
+        before.  A claim is ``"<rank>|<value>"``.
+        """
+        key, mine = self._key(name), f"{self.rank}|{value}"
+        current = self.client.read_if_set(key)
+        while current is None or int(current.partition("|")[0]) > self.rank:
+            current_or_unset = "" if current is None else current
+            current = self.client.compare_set(key, current_or_unset, mine)
+            if current == mine:
+                break
+        return current
+
+    def read_claim(self, name: str) -> str | None:
+        """The claim on ``name`` (``"<rank>|<value>"``), or None when nobody claimed it."""
+        return self.client.read_if_set(self._key(name))
+
+    def post(self, name: str, value: str) -> None:
+        self.client.set(self._key(name), value)
+
+    def delete_on_leave(self, name: str) -> None:
+        """Have the member that leaves last delete ``name`` (posted by another member)."""
+        self._key(name)
+
+    def fetch(self, name: str) -> str:
+        """A value posted under ``name`` before a rendezvous that this member completed."""
+        return self.client.get(self._key(name))
+
+    # The watcher's side (called from the liveness thread) --------------------------
+    def check(self, client: StoreClient, watch: Watch) -> None:
+        """Apply the liveness rules to the member that ``watch`` watches; maybe give the verdict."""
+        if watch.also is not None and self._completed_by_others(client, watch):
+            return
+        now = time.monotonic()
+        member = self.global_ranks[watch.successor]
+        seen = self.liveness.seen(member)
+        status = seen.status if seen is not None else None
+        waited = now - watch.started
+        reason = None
+        if seen is None or status is None or status.activity == "idle":
+            # Not beating on its own: wake it, again every half timeout while
+            # it is waited for (a woken process beats for two timeouts), and
+            # judge it by whether it beats.
+            if watch.woke_at is None:
+                if waited > self.liveness.interval:
+                    self._wake(client, watch, member, now)
+            elif now - watch.woke_at > self.timeout / 2:
+                self._wake(client, watch, member, now)
+            last_beat = seen.advanced_at if seen is not None else None
+            if (
+                watch.first_woke_at is not None
+                and now - watch.first_woke_at > self.timeout
+                and (last_beat is None or now - last_beat > self.timeout)
+            ):
                 reason = (
-                    f"{what}: they run compiled code instead of compiling, and compiled this frame fewer times "
-                    f"than this rank (compile {self.frame[1]} of frame {self.frame[0]}): this rank recompiled alone "
-                    "(a guard failed on it only), and its peers wait for it in a collective of the code they run. "
-                    "Call torch.compiler.set_enable_guard_collectives(True) on every rank so that all ranks "
-                    "recompile together, or make the guard the same on every rank"
+                    f"{watch.what}: no heartbeat from them within "
+                    f"{now - watch.first_woke_at:.1f}s of waking them "
+                    f"(collective_benchmark_timeout is {self.timeout:g}s); dead, or "
+                    "wedged in a call that holds the GIL"
                 )
-                self._give_up(tag, alone, reason, job=True)
-            lost = [rank for rank in pending if self._is_lost(rank, waited)]
-            if lost:
-                self._give_up(
-                    tag,
-                    lost,
-                    f"{what}: {self._silence(lost, waited)}; dead, or wedged in a call that "
-                    "holds the GIL",
-                )
-            if waited > self.max_wait:
-                self._give_up(
-                    tag,
-                    pending,
-                    f"{what} within {self.max_wait:g}s (collective_benchmark_max_wait) "
-                    "although alive: stalled, or compiling a different program",
-                )
-            time.sleep(delay)
-            delay = min(2 * delay, _POLL_MAX_S)
-
-    def _find_post(self, rank: int, tag: str, also: Sequence[str]) -> str | None:
-        for where in (tag, *also):
-            key = f"{where}/{rank}"
-            if self.store.check([key]):
-                value = self.store.get(key).decode()
-                return value if where == tag else f"{where}:{value}"
-        return None
-
-    def _verdict(self, tag: str) -> str | None:
-        key = f"{tag}/abandoned"
-        return self.store.get(key).decode() if self.store.check([key]) else None
-
-    def _is_lost(self, rank: int, waited: float) -> bool:
-        silent = _heartbeat.silent_for(self.global_ranks[rank])
-        if silent is None:  # never seen beating: today's bound, one timeout of waiting
-            return waited > self.timeout
-        return silent > self.timeout
-
-    def _silence(self, ranks: list[int], waited: float) -> str:
-        seconds = [_heartbeat.silent_for(self.global_ranks[rank]) for rank in ranks]
-        observed = max((s for s in seconds if s is not None), default=waited)
-        return (
-            f"no heartbeat from them for {observed:.1f}s "
-            f"(collective_benchmark_timeout is {self.timeout:g}s)"
-        )
-
-    def _not_compiling_this(self, rank: int) -> bool:
-        # A member that is alive but has been running compiled code for longer
-        # than the timeout, and has compiled this session's frame fewer times,
-        # is not on its way here: it will not compile this frame again.
-        if (
-            self.frame is None
-            or _heartbeat.running_for(self.global_ranks[rank]) <= self.timeout
+            elif (
+                status is not None
+                and seen is not None
+                and now - (seen.idle_since or now) > self.timeout
+                and self._recompiled_alone(status)
+            ):
+                self.give_up(client, watch, self._alone_reason(watch), job=True)
+                return
+        elif seen.silent_for(now) > self.timeout:
+            reason = (
+                f"{watch.what}: no heartbeat from them for {seen.silent_for(now):.1f}s "
+                f"(collective_benchmark_timeout is {self.timeout:g}s); dead, or "
+                "wedged in a call that holds the GIL"
+            )
+        elif (
+            watch.failure_agreement
+            and self.prefix in status.sessions
+            and status.blocked_for > self.timeout
         ):
-            return False
-        root = dist.distributed_c10d._get_default_store()
-        key = _frame_key(self.global_ranks[rank], str(self.frame[0]))
-        theirs = int(root.get(key)) if root.check([key]) else -1
-        return theirs < self.frame[1]
+            reason = (
+                f"{watch.what}: blocked in {status.blocked_in} for "
+                f"{status.blocked_for:.1f}s, a collective that its peers have "
+                "left, which is not on the session's benchmark channel (an "
+                "implementation that captured a process group?)"
+            )
+        if reason is None and waited > self.max_wait:
+            reason = (
+                f"{watch.what} within {self.max_wait:g}s "
+                "(collective_benchmark_max_wait) although alive: stalled, or "
+                "compiling a different program"
+            )
+        if reason is not None:
+            self.give_up(client, watch, reason)
 
-    def _give_up(
-        self, tag: str, ranks: list[int], reason: str, job: bool = False
+    def _wake(self, client: StoreClient, watch: Watch, member: int, now: float) -> None:
+        client.set(wake_key(member), "wake")
+        watch.woke_at = now
+        if watch.first_woke_at is None:
+            watch.first_woke_at = now
+
+    def _completed_by_others(self, client: StoreClient, watch: Watch) -> bool:
+        # A member may go past the step (count itself under ``also``) after
+        # the last member arrived here: then nobody completed the count.
+        arrived = client.add(f"{self.prefix}{watch.tag}/count", 0)
+        arrived += client.add(f"{self.prefix}{watch.also}", 0)
+        if arrived >= self.size:
+            self._finish(client, watch.tag, "complete")
+            return True
+        return False
+
+    def _finish(self, client: StoreClient, tag: str, outcome: str) -> None:
+        client.compare_set(f"{self.prefix}{tag}/done", "", outcome)
+
+    def give_up(
+        self, client: StoreClient, watch: Watch, reason: str, job: bool = False
     ) -> None:
-        # The verdict carries the whole message, so that every member that
-        # finds it (the lost one too, if it comes back) raises the same error.
-        # A verdict on the job reaches the ranks that run compiled code too.
-        missing = [self.global_ranks[rank] for rank in ranks]
-        message = f"collective autotuning: ranks {missing} of group {self.group_name!r} did not reach {reason}"
-        self.store.set(f"{tag}/abandoned", message)
+        """Give ``watch``'s rendezvous the verdict that its watched member did not reach it."""
+        lost = self.global_ranks[watch.successor]
+        message = (
+            f"collective autotuning: ranks [{lost}] of group {self.group_name!r} "
+            f"did not reach {reason}"
+        )
+        client.compare_set(
+            f"{self.prefix}{watch.tag}/verdict", "", f"{self.rank}|{message}"
+        )
+        self._finish(client, watch.tag, "verdict")
         if job:
-            dist.distributed_c10d._get_default_store().set(_JOB_VERDICT, message)
-        raise CollectiveBenchmarkError(message)
+            # Members that run compiled code log it (see Liveness).
+            keys = [wake_key(rank) for rank in self.global_ranks]
+            client.multi_set(keys, [f"{_VERDICT_PREFIX}{message}"] * len(keys))
 
+    def _recompiled_alone(self, status: MemberStatus) -> bool:
+        # A member that compiled this frame before, fewer times than this one,
+        # and now runs compiled code, is not on its way to this compile.
+        if self.frame is None:
+            return False
+        theirs = status.frames.get(str(self.frame[0]), -1)
+        return 0 <= theirs < self.frame[1]
 
-# --- benchmark channels -------------------------------------------------------------
-def build_channel(
-    group: dist.ProcessGroup, prefix: str, timeout: timedelta
-) -> dist.ProcessGroup:
-    """A private process group over ``group``'s ranks, on a fresh ``prefix`` of the default store."""
-    store = dist.PrefixStore(prefix, dist.distributed_c10d._get_default_store())
-    rank, size = group.rank(), group.size()
-    channel = dist.ProcessGroup(store, rank, size)
-    backend = dist.get_backend(group)
-    impl: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        # the protocol aborts first; see collective_benchmarking.py
-        options._timeout = 2 * timeout
-        impl = dist.ProcessGroupNCCL(
-            dist.PrefixStore("cuda/", store), rank, size, options
+    def _alone_reason(self, watch: Watch) -> str:
+        frame = self.frame or (-1, -1)
+        return (
+            f"{watch.what}: they run compiled code instead of compiling, and "
+            f"compiled this frame fewer times than this rank (compile {frame[1]} "
+            f"of frame {frame[0]}): this rank recompiled alone (a guard failed on "
+            "it only), and its peers wait for it in a collective of the code they "
+            "run. Call torch.compiler.set_enable_guard_collectives(True) on every "
+            "rank so that all ranks recompile together, or make the guard the "
+            "same on every rank"
         )
-        device, backend_type = torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL
-    elif backend == "gloo":
-        impl = dist.ProcessGroupGloo(
-            dist.PrefixStore("cpu/", store), rank, size, timeout
-        )
-        device, backend_type = torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO
-    else:
-        raise CollectiveBenchmarkError(
-            f"collective autotuning supports gloo and nccl groups, not {backend!r}"
-        )
-    impl._set_sequence_number_for_group()
-    channel._register_backend(device, backend_type, impl)
-    channel._set_default_backend(backend_type)
-    channel._set_group_name(
-        dist.distributed_c10d.GroupName(f"{group.group_name}:benchmark")
-    )
-    return channel
-
-
-@contextmanager
-def registered_as(name: str, group: dist.ProcessGroup) -> Iterator[None]:
-    """Point the process-group name ``name`` at ``group`` for the duration, then restore it.
-
-    Functional collectives resolve their group by name at run time, so the
-    candidates' collectives run on ``group`` (a benchmark channel).
-    """
-    from torch._C._distributed_c10d import (
-        _register_process_group,
-        _resolve_process_group,
-        _unregister_process_group,
-    )
-
-    group_name = dist.distributed_c10d.GroupName(name)
-    original = _resolve_process_group(group_name)
-    _unregister_process_group(group_name)
-    _register_process_group(group_name, group)
-    try:
-        yield
-    finally:
-        _unregister_process_group(group_name)
-        _register_process_group(group_name, original)
-
-
-@dataclasses.dataclass
-class GroupState:
-    """What the protocol keeps per process group between sessions.
-
-    The counters advance at the same protocol steps on every member, so they
-    name the same store keys everywhere.
-    """
-
-    sessions: int = 0
-    channels: int = 0
-    channel: dist.ProcessGroup | None = None
-    channel_timeout: timedelta | None = None
-    # The group the channel mirrors: a group re-created under the same name
-    # (destroy_process_group, then init again) must not reuse the old channel.
-    group: dist.ProcessGroup | None = None
-
-
-_group_states: dict[str, GroupState] = {}
-
-
-def group_state(group: dist.ProcessGroup) -> GroupState:
-    """The state of ``group`` (by name), reset when the name now means another group."""
-    state = _group_states.setdefault(group.group_name, GroupState())
-    if state.group is not group:
-        state.group, state.channel = group, None
-    return state
-
-
-@atexit.register
-def _release_channels() -> None:
-    # Benchmark channels are process groups that destroy_process_group() does
-    # not know about.  Release them while the interpreter is still alive: a
-    # gloo worker thread that drops a tensor during interpreter finalization
-    # needs the GIL and aborts the process (pytorch/pytorch#190489).
-    _group_states.clear()

@@ -56,6 +56,8 @@ class CandidateStatus(enum.IntEnum):
     TIMED_OUT = 2  # a collective step did not complete within the timeout
     WRONG_RESULT = 3  # output differs from the default's beyond tolerance
     RAISED = 4  # the candidate raised on this rank
+    # its collectives differ between ranks: it would desynchronize the others
+    DESYNCHRONIZED = 5
 
     @property
     def retryable(self) -> bool:

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Minimal reproduction: a gloo collective waited on under a dispatch state that keeps the GIL.
+
+No Inductor, no Dynamo: NPROC gloo ranks (spawned processes, env:// rendezvous on
+loopback) each run ITERS iterations of one collective pattern under one
+thread-local dispatch state, and the parent reports whether every rank finished
+within the time limit (else: a hang, whose stacks it dumps with py-spy/gdb when
+asked to).
+
+Patterns (--op):
+  funcol          torch.ops._c10d_functional.all_reduce + wait_tensor (what compiled code runs)
+  custom_funcol   a torch.library.custom_op whose Python impl does the two calls above
+  custom_eager    a torch.library.custom_op whose Python impl does dist.all_reduce (sync)
+
+States (--mode):
+  none            nothing enabled
+  pydispatcher    torch._dispatch.python.enable_python_dispatcher()   (what Inductor lowering enables)
+  dispatchmode    a pass-through TorchDispatchMode
+  analyze         AOTAutograd's _AnalyzeCustomOpInputOutputMode (first call of every compiled program)
+
+Usage:
+  python scripts/repro_gloo_dispatcher_deadlock.py --nproc 3 --op funcol --mode pydispatcher --trials 5
+
+See docs/upstream/gloo-python-dispatcher-deadlock.md for the diagnosis and the
+upstream report.
+"""
+
+import argparse
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def rank_main(args) -> None:
+    import torch
+    import torch._dynamo
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    name = dist.group.WORLD.group_name
+
+    @torch.library.custom_op("repro::custom_funcol", mutates_args=())
+    def custom_funcol(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        y = torch.ops._c10d_functional.all_reduce(x, "sum", group_name)
+        return torch.ops._c10d_functional.wait_tensor(y)
+
+    @torch.library.custom_op("repro::custom_eager", mutates_args=())
+    def custom_eager(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        out = x.clone()
+        dist.all_reduce(out, group=_resolve_process_group(group_name))
+        return out
+
+    def funcol(x, group_name):
+        y = torch.ops._c10d_functional.all_reduce(x, "sum", group_name)
+        return torch.ops._c10d_functional.wait_tensor(y)
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    def state():
+        if args.mode == "pydispatcher":
+            from torch._dispatch.python import enable_python_dispatcher
+
+            return enable_python_dispatcher()
+        if args.mode == "dispatchmode":
+            return PassThrough()
+        if args.mode == "analyze":
+            from torch._functorch._aot_autograd.runtime_wrappers import (
+                _AnalyzeCustomOpInputOutputMode,
+            )
+
+            return _AnalyzeCustomOpInputOutputMode()
+        return contextlib.nullcontext()
+
+    fn = {
+        "funcol": funcol,
+        "custom_funcol": custom_funcol,
+        "custom_eager": custom_eager,
+    }[args.op]
+    expected = float(sum(range(dist.get_world_size())))
+    with state():
+        for i in range(args.iters):
+            x = torch.full((args.numel,), float(rank))
+            out = fn(x, name)
+            if out[0].item() != expected:
+                raise AssertionError(f"iteration {i}: {out[0].item()} != {expected}")
+    print(f"rank {rank}: {args.iters} iterations done", flush=True)
+    dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dump(pid: int, path: str) -> None:
+    with open(path, "w") as f:
+        f.write(
+            subprocess.run(
+                ["ps", "-L", "-o", "tid,pcpu,stat,comm", "-p", str(pid)],
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+        for cmd in (
+            ["py-spy", "dump", "--native", "--pid", str(pid)],
+            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+        ):
+            exe = os.environ.get("PYSPY", "py-spy") if cmd[0] == "py-spy" else cmd[0]
+            try:
+                f.write(f"\n==== {' '.join(cmd)} ====\n")
+                f.write(
+                    subprocess.run(
+                        [exe, *cmd[1:]], capture_output=True, text=True, timeout=120
+                    ).stdout
+                )
+            except (OSError, subprocess.TimeoutExpired) as error:
+                f.write(f"({error})\n")
+
+
+def trial(args, index: int) -> bool:
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(args.nproc),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    cmd = [
+        sys.executable,
+        __file__,
+        "--rank-main",
+        "--op",
+        args.op,
+        "--mode",
+        args.mode,
+        "--iters",
+        str(args.iters),
+        "--numel",
+        str(args.numel),
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd,
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(args.nproc)
+    ]
+    deadline = time.monotonic() + args.limit
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.2)
+    hung = any(p.poll() is None for p in procs)
+    if hung and args.dump_dir:
+        os.makedirs(args.dump_dir, exist_ok=True)
+        for r, p in enumerate(procs):
+            if p.poll() is None:
+                dump(
+                    p.pid,
+                    os.path.join(
+                        args.dump_dir, f"{args.op}-{args.mode}-trial{index}-rank{r}.txt"
+                    ),
+                )
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    outputs = [p.communicate()[0] for p in procs]
+    failed = [r for r, p in enumerate(procs) if not hung and p.returncode != 0]
+    if failed:
+        print(f"  trial {index}: ranks {failed} failed:\n" + outputs[failed[0]][-2000:])
+    return hung
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nproc", type=int, default=3)
+    parser.add_argument(
+        "--op", choices=["funcol", "custom_funcol", "custom_eager"], default="funcol"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=["none", "pydispatcher", "dispatchmode", "analyze"],
+        default="pydispatcher",
+    )
+    parser.add_argument("--iters", type=int, default=2000)
+    parser.add_argument("--numel", type=int, default=240)
+    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument(
+        "--limit",
+        type=float,
+        default=60.0,
+        help="seconds per trial before it counts as hung",
+    )
+    parser.add_argument(
+        "--dump-dir", default="", help="where to write stacks of hung ranks"
+    )
+    args = parser.parse_args()
+    if args.rank_main:
+        rank_main(args)
+        return
+    import torch
+
+    print(
+        f"torch {torch.__version__}, python {sys.version.split()[0]}, {args.nproc} gloo ranks, "
+        f"op={args.op} mode={args.mode} iters={args.iters} numel={args.numel}",
+        flush=True,
+    )
+    hangs = 0
+    for i in range(args.trials):
+        start = time.monotonic()
+        hung = trial(args, i)
+        hangs += hung
+        print(
+            f"  trial {i}: {'HUNG' if hung else 'ok'} ({time.monotonic() - start:.1f}s)",
+            flush=True,
+        )
+    print(
+        f"RESULT op={args.op} mode={args.mode} nproc={args.nproc}: hung in {hangs}/{args.trials} trials",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""Soak: many consecutive autotuning sessions on gloo ranks, no hang allowed.
+
+Each rank runs ``--sessions`` compiles in a row, each one a session of its own:
+a collective custom op of the demo (``scripts/demo_collective_autotuning.py``)
+with the implementations of ``torch._inductor.kernel.collective_implementations``
+registered, the kinds (all_reduce, all_gather, reduce_scatter, all_to_all) and
+sizes (``--sizes``, float32 elements per rank) taken in turn, under V2 (the
+default) and V1 alternately.  Dynamo is reset and remembered decisions are
+forgotten before each compile, so that every session benchmarks.  After each
+session every rank checks the result exactly, and that every rank took the
+same decision.
+
+A session that does not end within ``--session-timeout`` seconds is a hang:
+the launcher kills the ranks and reports it.  Prints per world size: the
+sessions run, hangs, failures, and the wall time of a session (the
+compiling call, slowest rank): median, p99 and max.
+
+Usage:
+  python scripts/soak_collective_autotuning.py [--nproc 3,4] [--sessions 50]
+      [--sizes 240,4080] [--session-timeout 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_collective_decisions import rank_env
+
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
+
+
+def worker(sessions: int, sizes: list[int], out_dir: Path) -> None:
+    import torch
+    import torch._inductor.config as inductor_config
+    import torch.distributed as dist
+    from torch._inductor.kernel.collective_implementations import (
+        register_collective_implementations,
+    )
+    from torch._inductor.runtime import collective_decision_cache
+    from torch._inductor.select_algorithm import add_feedback_saver
+    from torch._inductor.virtualized import V
+
+    from demo_collective_autotuning import (
+        AutotuneRecorder,
+        candidate_label,
+        CASES,
+        make_input,
+    )
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="soak-")
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group_name = dist.group.WORLD.group_name
+    recorder = AutotuneRecorder()
+    add_feedback_saver(recorder.feedback)
+    progress = Path(out_dir, f"rank{rank}.jsonl")
+    for session in range(sessions):
+        kind = KINDS[session % len(KINDS)]
+        size = sizes[(session // len(KINDS)) % len(sizes)]
+        defer = session % 2 == 0
+        case = CASES[kind]
+        torch._dynamo.reset()
+        collective_decision_cache._remembered.clear()
+        register_collective_implementations(case.op, kind)
+        recorder.selected.clear()
+        x = make_input(size, rank)
+        started = time.monotonic()
+        with (
+            V.set_choices_handler(recorder),
+            inductor_config.patch(
+                defer_collective_autotuning=defer, autotune_local_cache=False
+            ),
+        ):
+            result = torch.compile(lambda x, op=case.op: op(x, group_name))(x)
+        seconds = time.monotonic() - started
+        inputs = [make_input(size, r) for r in range(world)]
+        exact = torch.equal(result, case.expected(inputs, rank))
+        chosen = (
+            candidate_label(recorder.selected[-1], kind) if recorder.selected else "?"
+        )
+        everyone: list = [None] * world
+        dist.all_gather_object(everyone, chosen)
+        with progress.open("a") as out:
+            out.write(
+                json.dumps(
+                    {
+                        "session": session,
+                        "kind": kind,
+                        "size": size,
+                        "path": "V2" if defer else "V1",
+                        "seconds": seconds,
+                        "exact": exact,
+                        "agreed": len(set(everyone)) == 1,
+                        "choice": chosen,
+                    }
+                )
+                + "\n"
+            )
+    dist.destroy_process_group()
+
+
+def soak(nproc: int, args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix="soak-") as out_dir:
+        command = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--sessions",
+            str(args.sessions),
+            "--sizes",
+            args.sizes,
+            "--out",
+            out_dir,
+        ]
+        env = rank_env(nproc)
+        # stderr to files: a full pipe would stall a rank and look like a hang.
+        with contextlib.ExitStack() as files:
+            logs = [
+                files.enter_context(Path(out_dir, f"rank{r}.log").open("wb"))
+                for r in range(nproc)
+            ]
+            ranks = [
+                subprocess.Popen(
+                    command,
+                    env={**env, "RANK": str(r)},
+                    stdout=subprocess.DEVNULL,
+                    stderr=logs[r],
+                )
+                for r in range(nproc)
+            ]
+        hangs = 0
+        last_progress, last_count = time.monotonic(), -1
+        while any(process.poll() is None for process in ranks):
+            done = min(_lines(Path(out_dir, f"rank{r}.jsonl")) for r in range(nproc))
+            if done != last_count:
+                last_progress, last_count = time.monotonic(), done
+            if time.monotonic() - last_progress > args.session_timeout:
+                hangs = 1
+                for process in ranks:
+                    process.kill()
+                break
+            time.sleep(1)
+        errors = [
+            Path(out_dir, f"rank{r}.log").read_text(errors="replace")
+            if ranks[r].returncode
+            else ""
+            for r in range(nproc)
+        ]
+        records = [
+            [
+                json.loads(line)
+                for line in Path(out_dir, f"rank{r}.jsonl").read_text().splitlines()
+            ]
+            if Path(out_dir, f"rank{r}.jsonl").exists()
+            else []
+            for r in range(nproc)
+        ]
+    completed = min(len(rank) for rank in records)
+    seconds = sorted(
+        max(records[r][s]["seconds"] for r in range(nproc)) for s in range(completed)
+    )
+    failures = sum(
+        not (records[r][s]["exact"] and records[r][s]["agreed"])
+        for r in range(nproc)
+        for s in range(completed)
+    )
+    failed_ranks = [
+        r for r, process in enumerate(ranks) if process.returncode not in (0, None)
+    ]
+    return {
+        "nproc": nproc,
+        "completed": completed,
+        "hangs": hangs,
+        "failures": failures,
+        "crashed_ranks": [] if hangs else failed_ranks,
+        "median": statistics.median(seconds) if seconds else float("nan"),
+        "p99": seconds[min(len(seconds) - 1, int(0.99 * len(seconds)))]
+        if seconds
+        else float("nan"),
+        "max": seconds[-1] if seconds else float("nan"),
+        "error_tail": next(
+            (e.strip().splitlines()[-3:] for e in errors if e.strip()), []
+        ),
+    }
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", default="3,4")
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--sizes", default="240,4080")
+    parser.add_argument("--session-timeout", type=float, default=300.0)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.sessions, [int(s) for s in args.sizes.split(",")], Path(args.out))
+        return
+    print(
+        f"{args.sessions} sessions per world size (kinds in turn, sizes {args.sizes}, "
+        "V2 and V1 alternately), a session that makes no progress for "
+        f"{args.session_timeout:g}s counts as a hang\n"
+    )
+    print(
+        "| ranks | sessions completed | hangs | wrong or disagreeing | "
+        "session wall time median / p99 / max (s) |"
+    )
+    print("| --- | --- | --- | --- | --- |")
+    for nproc in [int(n) for n in args.nproc.split(",")]:
+        row = soak(nproc, args)
+        print(
+            f"| {row['nproc']} | {row['completed']}/{args.sessions} | {row['hangs']} "
+            f"| {row['failures']} | {row['median']:.2f} / {row['p99']:.2f} / "
+            f"{row['max']:.2f} |",
+            flush=True,
+        )
+        if row["crashed_ranks"] or row["hangs"]:
+            print(f"  ranks that failed: {row['crashed_ranks']}; {row['error_tail']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Inductor's autotuning choices as collective benchmarking candidates.
+
+``select_algorithm`` (V1, at lowering) and ``collective_autotuning.py`` (V2, in
+the scheduler) hand ``ChoiceCaller``s to the protocol through this module: it
+reads the process group the choices' collectives run on from their graphs,
+names them alike on every rank, describes the collectives each one issues
+(so that a choice whose collectives differ between ranks is disqualified at
+the join instead of desynchronizing the others), and builds the runner of
+each choice on fixed benchmark inputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, cast, TYPE_CHECKING
+
+import torch
+
+from .collective_control import CollectiveBenchmarkError
+from .collective_decisions import is_default_choice
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from .collective_benchmarking import Candidate, CollectiveBenchmarkConfig
+
+
+__all__ = [
+    "benchmark_collective_choices",
+    "candidate_names",
+    "choices_identity",
+    "collective_candidates",
+    "collective_group_name",
+    "collective_signature",
+]
+
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
+
+
+def digest(text: str) -> str:
+    """A short, stable digest of ``text`` (the same in every process)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _collective_nodes(choice: Any) -> list[torch.fx.Node]:
+    gm = getattr(choice, "gm", None)
+    if gm is None:
+        return []
+    return [
+        node
+        for node in gm.graph.nodes
+        if node.op == "call_function"
+        and getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES
+    ]
+
+
+def collective_group_name(choices: Sequence[Any]) -> str | None:
+    """The process group the collectives of ``choices`` run on, read from their graphs.
+
+    ``None`` when no graph names a group.  Raises :class:`CollectiveBenchmarkError`
+    (on every rank alike: the graphs are the same everywhere) when candidates
+    use different groups, since one benchmark cannot hold them in lock-step.
+    """
+    names: dict[str, str] = {}
+    for choice in choices:
+        for node in _collective_nodes(choice):
+            schema = cast("torch._ops.OpOverload", node.target)._schema
+            # node.args omits trailing defaulted arguments: pairs up to its end.
+            for argument, value in zip(schema.arguments, node.args, strict=False):
+                if argument.name == "group_name":
+                    names.setdefault(str(value), getattr(choice, "name", "?"))
+            if "group_name" in node.kwargs:
+                names.setdefault(
+                    str(node.kwargs["group_name"]), getattr(choice, "name", "?")
+                )
+    if len(names) > 1:
+        raise CollectiveBenchmarkError(
+            "collective autotuning: the candidates of one op must use one process "
+            f"group, found {sorted(names)} (first seen in {sorted(names.values())})"
+        )
+    return next(iter(names), None)
+
+
+def collective_signature(choice: Any) -> str:
+    """A digest of the collectives ``choice`` issues, in order, with their operands' shapes.
+
+    Equal on every rank for a choice that keeps the ranks in lock-step;
+    rank-dependent values that do not change the collectives (which slot is
+    this rank's) leave it equal.  "" for a choice without a graph (the op's
+    eager implementation, which the program runs anyway).
+    """
+
+    def describe(value: Any) -> str:
+        if isinstance(value, torch.fx.Node):
+            meta = value.meta.get("val")
+            if isinstance(meta, torch.Tensor):
+                return f"T{tuple(meta.shape)}:{meta.dtype}"
+            return "node"
+        return repr(value)
+
+    calls = [
+        f"{node.target}{torch.fx.node.map_aggregate(node.args, describe)}"
+        for node in _collective_nodes(choice)
+        if "wait_tensor" not in str(node.target)
+    ]
+    return digest("\n".join(calls)) if calls else ""
+
+
+def candidate_names(choices: Sequence[Any]) -> list[tuple[str, bool]]:
+    """``(name, is_default)`` of each choice's :class:`Candidate`, without building it.
+
+    Names are ``"{index}:{choice name}"``; the first choice without a graph
+    (the op's eager implementation) is the default.
+    """
+    names: list[tuple[str, bool]] = []
+    for index, choice in enumerate(choices):
+        is_default = is_default_choice(choice) and not any(
+            default for _, default in names
+        )
+        names.append(
+            (f"{index}:{getattr(choice, 'name', type(choice).__name__)}", is_default)
+        )
+    return names
+
+
+def collective_candidates(
+    choices: Sequence[Any],
+    autotune_args: Any,
+    *,
+    uses_layout_preserving_inputs: Callable[[Any], bool],
+) -> tuple[list[Candidate], str]:
+    """The :class:`Candidate` of each Inductor ``ChoiceCaller``, and a key of their inputs.
+
+    Candidates are named by :func:`candidate_names`, in ``choices`` order.
+    Local work only: no rank waits for another.
+    """
+    from .collective_benchmarking import Candidate
+
+    candidates: list[Candidate] = []
+    shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
+    for choice, (name, is_default) in zip(
+        choices, candidate_names(choices), strict=True
+    ):
+        inputs, output = autotune_args.get_benchmark_tensors(
+            uses_layout_preserving_inputs(choice)
+        ).unpack()
+        output.zero_()
+        shapes = [
+            (tuple(t.shape), t.dtype) for t in inputs if isinstance(t, torch.Tensor)
+        ]
+        candidates.append(
+            Candidate(
+                name,
+                _choice_runner(choice, inputs, output),
+                is_default=is_default,
+                # Subgraph choices compile lazily on their first run.
+                prepare=getattr(choice, "_ensure_compiled", None),
+                signature=collective_signature(choice),
+            )
+        )
+    return candidates, f"{shapes}"
+
+
+def benchmark_collective_choices(
+    choices: Sequence[Any],
+    autotune_args: Any,
+    *,
+    uses_layout_preserving_inputs: Callable[[Any], bool],
+    config: CollectiveBenchmarkConfig | None = None,
+) -> dict[Any, float]:
+    """Benchmark Inductor ``ChoiceCaller``s that contain collectives; agreed ms per choice.
+
+    Every rank of the choices' group must call it with the same choices in the
+    same order.  Returns a dict in ``choices`` order, identical on every rank,
+    with inf for a disqualified choice; use ``select_winner`` on it.  Raises
+    :class:`CollectiveBenchmarkError` when a member is lost or the members are
+    not tuning the same op.
+    """
+    from .collective_benchmarking import (
+        CollectiveBenchmarkConfig,
+        CollectiveBenchmarker,
+    )
+    from .collective_timing import device_of
+
+    config = config or CollectiveBenchmarkConfig.from_inductor_config()
+    group_name = collective_group_name(choices)
+    candidates, key = collective_candidates(
+        choices,
+        autotune_args,
+        uses_layout_preserving_inputs=uses_layout_preserving_inputs,
+    )
+    inputs, output = autotune_args.get_benchmark_tensors(
+        uses_layout_preserving_inputs(choices[0])
+    ).unpack()
+    benchmarker = CollectiveBenchmarker(
+        group_name, config, device_of([*inputs, output])
+    )
+    # Each candidate timed alone: what V2 measures for an op without an epilogue.
+    decision = benchmarker.run(
+        candidates, key=key, memo_key=f"{choices_identity(choices)}|alone"
+    )
+    return {
+        choice: decision.time_ms(candidate.name)
+        for choice, candidate in zip(choices, candidates, strict=True)
+    }
+
+
+def choices_identity(choices: Sequence[Any]) -> str:
+    """A digest of what an op's choices compute, and on which input layouts.
+
+    Two call sites of an op with the same identity measure the same thing,
+    so they can share a decision.  Made of each choice's ``hash_key`` (its
+    graph, or its kernel and arguments), its input layouts and its config
+    patches, in order; equal on every rank for the same program.
+    """
+    parts = []
+    for choice in choices:
+        try:
+            code = choice.hash_key()
+        except (AttributeError, NotImplementedError):
+            code = getattr(choice, "name", type(choice).__name__)
+        layouts = [
+            (str(node.get_size()), str(node.get_stride()), str(node.get_dtype()))
+            for node in getattr(choice, "input_nodes", ())
+        ]
+        patches = sorted(getattr(choice, "config_patches", {}).items())
+        parts.append(f"{code}|{layouts}|{patches!r}")
+    return digest("\n".join(parts))
+
+
+def _choice_runner(
+    choice: Any, inputs: Sequence[Any], output: torch.Tensor
+) -> Callable[[], Any]:
+    def run() -> Any:
+        result = choice.benchmark_collective(*inputs, out=output)
+        return output if result is None else result
+
+    return run

@@ -1,0 +1,325 @@
+"""Agreed decisions remembered across compiles and processes, and cache hits that agree.
+
+A collective autotuning decision is remembered under its op's ``memo_key``
+(what is measured: the candidates' code and input layouts, and what each is
+timed with), the group's name, size and backend, and the settings that
+change a decision: in the process, and on disk in Inductor's cache directory
+(``collective_decisions/``, under ``autotune_local_cache``), so that a
+restarted job does not tune again.  Each rank has a cache of its own (one
+per node, or per rank), so ranks can remember different things: one node's
+cache emptied, a decision made when only some ranks' files survived.  Two
+designs keep a group together:
+
+* *re-tune when anyone forgets*: simple, but every rank pays a full session
+  for one replaced node, and the new decision may differ from the one the
+  warm ranks' cached programs were compiled with, which then have to be
+  thrown away too;
+* *adopt an agreed decision*: what the join does.  An op that any member
+  remembers takes the decision of the member that claims it first in the
+  store; the others fetch it.  Every remembered decision was agreed by a
+  whole group when it was made, so adopting it is as rank-consistent as
+  re-deciding, costs one store round trip instead of a compile and a
+  benchmark, and leaves the warm ranks' programs valid.  It is verified
+  first: every member's digest of the op (its key, its candidates and their
+  roles, the group and the settings) must be the same, so a decision is only
+  adopted for the same measurement.  The memo key itself is compared by no
+  one: it may hold rank-dependent constants of a candidate's traced code, so
+  each rank remembers under its own.
+
+A program that Inductor's FX graph or AOTAutograd cache returns carries the
+sessions its compile took part in (:class:`RecordedSession`, recorded by
+:func:`recorded_sessions`).  Before it runs, its rank takes part in the same
+sessions again (:func:`replay_sessions`) with the program's decisions, so
+that a rank that misses the cache and compiles meets, in the same join,
+every rank that hit it.  When the group agrees on the program's decisions it
+runs; when it agrees on others (another member's decision was claimed), the
+rank compiles the graph again and that compile adopts the agreed decisions
+without meeting the group a second time.  Graphs whose compile tuned no
+collective choice record no session and replay nothing: they pay no
+exchange.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import hashlib
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TYPE_CHECKING
+
+import torch
+from torch._dynamo.utils import counters
+
+from .collective_choices import digest
+from .collective_decisions import (
+    CollectiveDecision,
+    decision_from_json,
+    decision_to_json,
+)
+
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
+    from .collective_benchmarking import CollectiveBenchmarker, OpToTune
+
+
+__all__ = [
+    "RecordedSession",
+    "adopt",
+    "decision_digest",
+    "recall",
+    "record",
+    "recorded_sessions",
+    "remember",
+    "replay_sessions",
+    "take_pre_agreed",
+]
+
+log = logging.getLogger(__name__)
+
+# Agreed decisions of this process: memo key (see _memo_key) -> decision.
+_remembered: dict[tuple[str, ...], CollectiveDecision] = {}
+
+# Decisions a group agreed on in a cached program's replay that this rank must
+# compile anew: (group name, op key) -> decision; taken by the compile's run_batch.
+_pre_agreed: dict[tuple[str, str], CollectiveDecision] = {}
+
+# Bumped when what a stored decision means changes.
+_STORED_DECISION_FORMAT = 1
+
+
+def _memo_key(
+    benchmarker: CollectiveBenchmarker, op: OpToTune
+) -> tuple[str, ...] | None:
+    if op.memo_key is None:
+        return None
+    # Names carry per-compile counters; the candidates' order and roles do not.
+    return (
+        *benchmarker.decision_context(),
+        f"{op.memo_key}|{[c.is_default for c in op.candidates]}",
+    )
+
+
+def _decision_file(key: tuple[str, ...]) -> Path | None:
+    # Decisions are autotuning results: stored with them, under the same switch.
+    from torch._inductor import config
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    if not config.autotune_local_cache:
+        return None
+    name = hashlib.sha256(
+        repr((key, torch.__version__, _STORED_DECISION_FORMAT)).encode()
+    ).hexdigest()[:40]
+    return Path(cache_dir()) / "collective_decisions" / f"{name}.json"
+
+
+def recall(
+    benchmarker: CollectiveBenchmarker, op: OpToTune
+) -> CollectiveDecision | None:
+    """The decision this rank remembers for ``op`` (in memory, then on disk), if any."""
+    key = _memo_key(benchmarker, op)
+    if key is None:
+        return None
+    if key not in _remembered:
+        path = _decision_file(key)
+        if path is not None and path.is_file():
+            try:
+                _remembered[key] = decision_from_json(path.read_text())
+            except (OSError, ValueError, KeyError, TypeError):
+                log.warning(
+                    "collective autotuning: ignoring an unreadable stored decision %s",
+                    path,
+                    exc_info=True,
+                )
+    return _remembered.get(key)
+
+
+def remember(
+    benchmarker: CollectiveBenchmarker, op: OpToTune, decision: CollectiveDecision
+) -> None:
+    """Remember the group's ``decision`` for ``op``, in the process and on disk."""
+    key = _memo_key(benchmarker, op)
+    if key is None or _remembered.get(key) == decision:
+        return
+    _remembered[key] = decision
+    path = _decision_file(key)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        partial.write_text(decision_to_json(decision))
+        # Ranks of one node write the same file: whole files only.
+        os.replace(partial, path)
+
+
+def take_pre_agreed(
+    group_name: str, ops: Sequence[OpToTune]
+) -> list[CollectiveDecision] | None:
+    """The decisions a replay agreed on for all of ``ops``, if it agreed on all of them."""
+    agreed = [_pre_agreed.pop((group_name, op.key), None) for op in ops]
+    found = [decision for decision in agreed if decision is not None]
+    if not ops or len(found) != len(ops):
+        return None
+    return [adopt(decision, op) for decision, op in zip(found, ops, strict=True)]
+
+
+def decision_digest(decision: CollectiveDecision) -> str:
+    """Equal for the decisions that the members of one session hold.
+
+    The agreed times are the same floats everywhere.  By position, not name:
+    candidate names carry per-compile counters.
+    """
+    names = [result.name for result in decision.results]
+    winner = names.index(decision.winner) if decision.winner is not None else None
+    return digest(
+        repr(
+            (
+                winner,
+                [(result.status.name, result.time_ms) for result in decision.results],
+            )
+        )
+    )
+
+
+def adopt(remembered: CollectiveDecision, op: OpToTune) -> CollectiveDecision:
+    """``remembered`` under the names of ``op``'s candidates (the same candidates,
+    named by another compile), in preference order (the default first)."""
+    names = [
+        candidate.name
+        for candidate in sorted(
+            op.candidates, key=lambda candidate: not candidate.is_default
+        )
+    ]
+    renamed = {
+        result.name: name
+        for result, name in zip(remembered.results, names, strict=True)
+    }
+    return CollectiveDecision(
+        remembered.group_name,
+        tuple(
+            dataclasses.replace(result, name=renamed[result.name])
+            for result in remembered.results
+        ),
+        None if remembered.winner is None else renamed[remembered.winner],
+        f"{remembered.reason}; remembered from an earlier session, adopted by every rank",
+    )
+
+
+# --- cache hits ----------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class RecordedSession:
+    """A session that a compile took part in, kept with the compiled program.
+
+    A program taken from a cache is only used after its ranks have taken part
+    again in the agreements that compiling it took part in
+    (:func:`replay_sessions`), so that a rank that compiles meets every rank
+    that does not.
+    """
+
+    group_name: str
+    device_type: str
+    # Per op: its key, its candidates (name, is the default, collective
+    # signature), its memo key.
+    ops: tuple[tuple[str, tuple[tuple[str, bool, str], ...], str | None], ...]
+    decisions: tuple[CollectiveDecision, ...]
+
+
+_recording: contextvars.ContextVar[list[RecordedSession] | None] = (
+    contextvars.ContextVar("collective_sessions_recording", default=None)
+)
+
+
+@contextmanager
+def recorded_sessions() -> Iterator[list[RecordedSession]]:
+    """Collect the sessions that this thread takes part in for the duration (one compile)."""
+    sessions: list[RecordedSession] = []
+    token = _recording.set(sessions)
+    try:
+        yield sessions
+    finally:
+        _recording.reset(token)
+
+
+def record(
+    benchmarker: CollectiveBenchmarker,
+    ops: Sequence[OpToTune],
+    decisions: Sequence[CollectiveDecision],
+) -> None:
+    """Keep a session with the program being compiled, when a compile records sessions."""
+    sessions = _recording.get()
+    if sessions is None:
+        return
+    described = tuple(
+        (
+            op.key,
+            tuple((c.name, c.is_default, c.signature) for c in op.candidates),
+            op.memo_key,
+        )
+        for op in ops
+    )
+    sessions.append(
+        RecordedSession(
+            benchmarker.group_name,
+            benchmarker.device.type,
+            described,
+            tuple(decisions),
+        )
+    )
+
+
+def _never_run() -> Any:
+    raise AssertionError("a replayed session does not run candidates")
+
+
+def replay_sessions(sessions: Sequence[RecordedSession]) -> bool:
+    """Take part, with a cached program's decisions, in the agreements its compile took part in.
+
+    Every rank of each recorded session's group must reach the same session:
+    the ranks that compile the program again reach it while compiling, the
+    ranks that take it from a cache reach it here.  Returns True when every
+    group agreed on the program's decisions (the cached program can run);
+    False when a group agreed on other decisions (another member's): this
+    rank must then compile the program again, and that compile adopts the
+    agreed decisions without meeting its group again.  Raises
+    ``CollectiveBenchmarkError`` as a session does.
+    """
+    from .collective_benchmarking import (
+        Candidate,
+        CollectiveBenchmarkConfig,
+        CollectiveBenchmarker,
+        OpToTune,
+    )
+
+    config = CollectiveBenchmarkConfig.from_inductor_config()
+    agreed: list[tuple[str, list[OpToTune], list[CollectiveDecision]]] = []
+    consistent = True
+    for session in sessions:
+        ops = [
+            OpToTune(
+                key,
+                [
+                    Candidate(name, _never_run, is_default, signature=signature)
+                    for name, is_default, signature in candidates
+                ],
+                memo_key,
+            )
+            for key, candidates, memo_key in session.ops
+        ]
+        benchmarker = CollectiveBenchmarker(
+            session.group_name, config, torch.device(session.device_type)
+        )
+        decisions = benchmarker.run_batch(ops, known=session.decisions)
+        consistent = consistent and all(
+            decision_digest(mine) == decision_digest(group)
+            for mine, group in zip(session.decisions, decisions, strict=True)
+        )
+        agreed.append((session.group_name, ops, decisions))
+    if not consistent:
+        for group_name, ops, decisions in agreed:
+            for op, decision in zip(ops, decisions, strict=True):
+                _pre_agreed[(group_name, op.key)] = decision
+    counters["collective_autotuning"]["replayed_sessions"] += len(sessions)
+    return consistent

@@ -1,0 +1,467 @@
+"""The benchmarking part of a session: warmups, interleaved timed runs, exchange, commit.
+
+:class:`SessionRun` runs, on every member of a group, the same *schedule* of
+*steps*: per op, each competing candidate's warmup in preference order (the
+op's default first), then ``nruns`` iterations in each of which every
+competing candidate runs once, in an order shuffled per iteration from the
+op's key, the same on every member.  No collective is issued besides the
+candidates' own: those keep the members in lock-step (a member cannot finish
+a candidate's collective before every member issued it), and a member that
+fails wakes its peers by dropping the benchmark channel.  One all-gather (the
+*exchange*) then carries every candidate's status and timed runs to every
+member, and one all-reduce (the *commit*) ends the session.
+
+The commit exists because a collective can complete on some members and fail
+on others: a member that completed the exchange while a peer failed it would
+otherwise leave with a decision while the peer, which lacks the exchanged
+data, waits for it in the failure agreement.  With the commit, that member
+fails the commit instead, the agreement sees that the exchange failed, and
+every member runs it again.  A member that completed the commit counts itself
+as committed in the store, so that a peer failing the commit (which can only
+happen once every member exchanged) decides with the data it has.
+
+Failures.  Any exception or timeout on a member ends its step: it drops the
+channel, which makes the peers' pending collectives fail at once, and posts
+``(step, status)`` to a failure agreement over the store.  Every member then
+applies the same rule to the same posts (``earliest_failure``: the earliest
+reported step takes the worst status reported for it; a member already past
+it saw it succeed).  That step's candidate is retried when the cause was a
+timeout and retries remain, or disqualified otherwise.  A failure in a warmup
+resumes at that candidate's warmup; a failure in the timed runs restarts the
+op's timed runs, which must all see the same stretch of time.  A failed
+exchange runs again (at most ``retries + 1`` times).
+
+A candidate whose output differs from its op's default on a member is still
+timed there (its collectives stay matched) and disqualified at the exchange.
+
+Measurement.  Interleaving puts every candidate's runs in the same stretch of
+time, so a slow stretch (a peer still compiling, clocks ramping up, caches
+warming) hits every candidate alike and, paired run by run, cancels out;
+timing candidates one after the other would favour whichever ran in the quiet
+part.  It assumes that the drift within one iteration is small next to the
+differences worth measuring, and that a candidate's run does not change the
+cost of the next one; the shuffled order spreads whatever effect remains.
+
+Candidates run with the Python dispatcher disabled (see ``run``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import itertools
+import logging
+import math
+import time
+from typing import Any, TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+from torch._dispatch.python import no_python_dispatcher
+from torch._dynamo.utils import counters
+
+from .collective_control import CollectiveBenchmarkError
+from .collective_decisions import (
+    CandidateResult,
+    CandidateStatus,
+    earliest_failure,
+    first_tensor,
+    interleaved_order,
+    outputs_match,
+    RankReport,
+)
+from .collective_timing import CallFailed, time_calls, timed, wait_device
+
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .collective_benchmarking import Candidate, CollectiveBenchmarkConfig
+    from .collective_channels import BenchmarkChannel
+    from .collective_control import ControlStore
+
+
+__all__ = ["SessionRun", "classify"]
+
+log = logging.getLogger(__name__)
+
+
+def classify(error: BaseException) -> CandidateStatus:
+    """The status of a step that raised ``error`` on this member."""
+    # Backends report a timed-out collective with their own error types and
+    # messages; gloo says "Timed out waiting ...", NCCL "... timed out".
+    message = str(error).lower()
+    if isinstance(error, TimeoutError) or "timed out" in message:
+        return CandidateStatus.TIMED_OUT
+    if (
+        isinstance(error, dist.DistError)
+        or "connection closed" in message
+        or "connection reset" in message
+    ):
+        return CandidateStatus.PEER_FAILED
+    return CandidateStatus.RAISED
+
+
+class _StepFailed(Exception):
+    def __init__(
+        self,
+        status: CandidateStatus,
+        stage: str,
+        error: BaseException | None = None,
+        step: int | None = None,
+    ) -> None:
+        super().__init__(f"{status.name} during {stage}: {error!r}")
+        self.status = status
+        self.stage = stage
+        self.step = step  # in the session's schedule; None: the step the caller is at
+
+
+@dataclasses.dataclass(frozen=True)
+class _Step:
+    """One step of a session's schedule: the unit in which failures are reported."""
+
+    op: int  # position among the session's benchmarked ops
+    candidate: int  # index among the op's candidates, in preference order
+    timed: bool  # False: the candidate's warmup; True: one of its timed runs
+    run: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Resume:
+    """Where a session's schedule resumes after a failure agreement."""
+
+    op: int
+    # The first candidate to warm up again; None: the op's timed runs.
+    warmup_from: int | None
+
+
+class _LocalOutcomes:
+    """This member's outcomes in a session, which its exchange sends."""
+
+    def __init__(self) -> None:
+        self.statuses: dict[tuple[int, int], CandidateStatus] = {}
+        self.samples: dict[tuple[int, int], list[float]] = {}
+        # per op: its default's first output
+        self.references: dict[int, torch.Tensor] = {}
+
+    def record_runs(
+        self, op: int, candidates: Sequence[int], times: Sequence[float]
+    ) -> None:
+        for index in set(candidates):
+            self.samples[(op, index)] = []
+        for index, ms in zip(candidates, times, strict=True):
+            self.samples[(op, index)].append(ms)
+
+    def forget_from(self, resume: _Resume) -> None:
+        # What runs again after the resume point is measured again.
+        def runs_again(op: int, index: int) -> bool:
+            if op != resume.op:
+                return op > resume.op
+            return resume.warmup_from is not None and index >= resume.warmup_from
+
+        for key in [key for key in self.samples if key[0] >= resume.op]:
+            del self.samples[key]
+        for key in [key for key in self.statuses if runs_again(*key)]:
+            del self.statuses[key]
+        for op in [op for op in self.references if runs_again(op, 0)]:
+            del self.references[op]
+
+    def flatten(self, op: int, index: int, nruns: int) -> list[float]:
+        samples = self.samples.get((op, index), [])
+        status = self.statuses.get((op, index), CandidateStatus.OK)
+        return [float(status), *samples, *[math.nan] * (nruns - len(samples))]
+
+
+class SessionRun:
+    """The benchmarking part of one session, the same on every member of the group.
+
+    ``plans`` holds each benchmarked op's key and its candidates in preference
+    order (the default first).  ``excluded`` maps (op, candidate) positions
+    to results already agreed at the join (a candidate that is not the same
+    on every member never runs); ``prepare_errors`` holds the positions whose
+    local preparation (compilation) failed on this member.
+    """
+
+    def __init__(
+        self,
+        config: CollectiveBenchmarkConfig,
+        device: torch.device,
+        channel: BenchmarkChannel,
+        control: ControlStore,
+        plans: Sequence[tuple[str, Sequence[Candidate]]],
+        excluded: dict[tuple[int, int], CandidateResult],
+        prepare_errors: set[tuple[int, int]],
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.channel = channel
+        self.control = control
+        self.plans = plans
+        self.excluded = excluded
+        self.prepare_errors = prepare_errors
+
+    def run(self) -> list[list[CandidateResult]]:
+        """Every candidate's agreed result, per op; the same on every member.
+
+        Raises :class:`CollectiveBenchmarkError` when a member is lost.
+        """
+        # Inductor lowers graphs under enable_python_dispatcher(), and that
+        # thread-local state leaks into autotuning.  Under it, gloo
+        # collectives are issued (ProcessGroupGloo::enqueue) and waited for
+        # with the GIL held, while gloo's runloop thread can hold workMutex_
+        # and need the GIL to free a finished work's tensors: a lock-order
+        # inversion that stops the member for good, its peers waiting for it
+        # alive (docs/upstream/gloo-python-dispatcher-deadlock.md).  Compiled
+        # candidates need none of the lowering-time dispatch state.
+        try:
+            with no_python_dispatcher():
+                return self._run()
+        except CollectiveBenchmarkError:
+            self.channel.drop()  # a peer is gone; a later session must not reuse it
+            raise
+
+    def _run(self) -> list[list[CandidateResult]]:
+        # The schedule is rebuilt after every failure agreement, from where the
+        # session resumes, the same way on every member; step len(schedule) is
+        # the exchange, the next one the commit, and a member that committed
+        # counts as past every step.
+        competing = [
+            [(op, index) not in self.excluded for index in range(len(candidates))]
+            for op, (_, candidates) in enumerate(self.plans)
+        ]
+        failed = dict(self.excluded)
+        attempts: dict[tuple[int, int], int] = collections.defaultdict(lambda: 1)
+        local = _LocalOutcomes()
+        exchange_attempts = 1
+        gathered: list[list[float]] | None = None
+        resume = _Resume(op=0, warmup_from=0)
+        epoch = 0
+        while True:
+            schedule = self._schedule(competing, resume)
+            exchange, commit = len(schedule), len(schedule) + 1
+            step = 0
+            try:
+                while step < exchange:
+                    step = self._run_op(schedule, step, local)
+                if gathered is None:
+                    step = exchange
+                    gathered = self._exchange(local)
+                step = commit
+                self._commit()
+                self.control.count("committed")
+                break
+            except _StepFailed as error:
+                failed_at = step if error.step is None else error.step
+                failure = f"{failed_at}:{int(error.status)}:{error.stage}"
+                # The failure's description, without the traceback that G200
+                # asks for (exc_info): a failed candidate step is expected here.
+                log.info(  # noqa: G200
+                    "collective autotuning: step %d failed on this rank: %s",
+                    failed_at,
+                    error,
+                )
+            # Only now, with the exception and its frames gone, is this rank's
+            # last reference to the channel the one dropped here.
+            self.channel.drop()
+            epoch += 1
+            counters["collective_autotuning"]["failure_agreements"] += 1
+            with timed("sync_s"):
+                posts = self.control.gather(
+                    f"failure{epoch}", failure, "failure agreement", also="committed"
+                )
+            failed_step, reports, stage = earliest_failure(
+                [
+                    f"{commit + 1}:0:committed" if post is None else post
+                    for post in posts
+                ]
+            )
+            if failed_step >= commit:
+                break  # every member exchanged; the commit failed somewhere
+            if failed_step == exchange:
+                if exchange_attempts > self.config.retries + 1:
+                    raise CollectiveBenchmarkError(
+                        "collective autotuning: the exchange of group "
+                        f"{self.control.group_name!r} failed {exchange_attempts} "
+                        f"times ({stage}); its channel cannot carry a collective"
+                    )
+                exchange_attempts += 1
+                resume = _Resume(op=len(self.plans), warmup_from=0)
+                gathered = None
+                continue
+            blamed = schedule[failed_step]
+            key = (blamed.op, blamed.candidate)
+            status = max(report.status for report in reports)
+            if status.retryable and attempts[key] <= self.config.retries:
+                attempts[key] += 1
+            else:
+                failed[key] = CandidateResult(
+                    self.plans[blamed.op][1][blamed.candidate].name,
+                    reports,
+                    attempts[key],
+                    stage,
+                )
+                competing[blamed.op][blamed.candidate] = False
+            # A failure in a warmup resumes at that candidate's warmup; one in
+            # the timed runs restarts the op's timed runs, which must all see
+            # the same stretch of time.
+            resume = _Resume(
+                op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate
+            )
+            local.forget_from(resume)
+            gathered = None
+        # The loop ends after this rank's exchange (a failure at the commit
+        # comes after every member exchanged).
+        assert gathered is not None
+        return self._results(gathered, failed, attempts)
+
+    def _results(
+        self,
+        gathered: list[list[float]],
+        failed: dict[tuple[int, int], CandidateResult],
+        attempts: dict[tuple[int, int], int],
+    ) -> list[list[CandidateResult]]:
+        width = 1 + self.config.nruns  # a candidate's status and timed runs
+        offsets = list(
+            itertools.accumulate(
+                [len(candidates) * width for _, candidates in self.plans], initial=0
+            )
+        )
+
+        def rank_reports(op: int, index: int) -> tuple[RankReport, ...]:
+            start = offsets[op] + index * width
+            return tuple(
+                RankReport(
+                    CandidateStatus(int(row[start])),
+                    tuple(row[start + 1 : start + width]),
+                )
+                for row in gathered
+            )
+
+        return [
+            [
+                failed.get((op, index))
+                or CandidateResult(
+                    candidate.name, rank_reports(op, index), attempts[(op, index)]
+                )
+                for index, candidate in enumerate(candidates)
+            ]
+            for op, (_, candidates) in enumerate(self.plans)
+        ]
+
+    def _schedule(self, competing: list[list[bool]], resume: _Resume) -> list[_Step]:
+        steps: list[_Step] = []
+        for op in range(resume.op, len(self.plans)):
+            active = [index for index, on in enumerate(competing[op]) if on]
+            warmup_from = resume.warmup_from if op == resume.op else 0
+            if warmup_from is not None:
+                steps += [
+                    _Step(op, index, timed=False)
+                    for index in active
+                    if index >= warmup_from
+                ]
+            for run in range(self.config.nruns):
+                order = interleaved_order(len(active), f"{self.plans[op][0]}|{run}")
+                steps += [
+                    _Step(op, active[position], timed=True, run=run)
+                    for position in order
+                ]
+        return steps
+
+    def _run_op(self, schedule: list[_Step], start: int, local: _LocalOutcomes) -> int:
+        # Runs the steps of one op from schedule[start]; returns where the next
+        # op starts.
+        op = schedule[start].op
+        end = next(
+            (i for i in range(start, len(schedule)) if schedule[i].op != op),
+            len(schedule),
+        )
+        candidates = self.plans[op][1]
+        timed_steps = [i for i in range(start, end) if schedule[i].timed]
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(self.channel.registered())
+            except Exception as error:
+                raise _StepFailed(
+                    classify(error), "channel setup", error, step=start
+                ) from error
+            for i in range(start, timed_steps[0] if timed_steps else end):
+                self._warm_up(i, schedule[i], candidates[schedule[i].candidate], local)
+            if timed_steps:
+                calls = [candidates[schedule[i].candidate].fn for i in timed_steps]
+                try:
+                    with timed("timed_s"):
+                        times = time_calls(
+                            calls, self.device, self.config.timeout.total_seconds()
+                        )
+                except CallFailed as failure:
+                    raise _StepFailed(
+                        classify(failure.error),
+                        "timed runs",
+                        failure.error,
+                        step=timed_steps[failure.index],
+                    ) from failure.error
+                local.record_runs(
+                    op, [schedule[i].candidate for i in timed_steps], times
+                )
+        return end
+
+    def _warm_up(
+        self, index: int, step: _Step, candidate: Candidate, local: _LocalOutcomes
+    ) -> None:
+        if (step.op, step.candidate) in self.prepare_errors:
+            raise _StepFailed(CandidateStatus.RAISED, "prepare", step=index)
+        counters["collective_autotuning"]["rounds"] += 1
+        status = CandidateStatus.OK
+        try:
+            with timed("warmup_s"):
+                for run in range(max(1, self.config.nwarmup)):
+                    value = candidate.fn()
+                    if run == 0:
+                        status = self._screen(step, candidate, value, local)
+                wait_device(self.device, self._deadline())
+        except Exception as error:
+            raise _StepFailed(classify(error), "warmup", error, step=index) from error
+        local.statuses[(step.op, step.candidate)] = status
+
+    def _screen(
+        self, step: _Step, candidate: Candidate, value: Any, local: _LocalOutcomes
+    ) -> CandidateStatus:
+        # The default's first output is the reference of its op; another
+        # candidate's output must match it.  A mismatch is still timed on
+        # this member, so that its collectives stay matched.
+        output = first_tensor(value)
+        wait_device(self.device, self._deadline())
+        if candidate.is_default and output is not None:
+            local.references[step.op] = output.clone()
+        elif self.config.screen and not outputs_match(
+            output, local.references.get(step.op)
+        ):
+            return CandidateStatus.WRONG_RESULT
+        return CandidateStatus.OK
+
+    def _exchange(self, local: _LocalOutcomes) -> list[list[float]]:
+        # Every candidate's status and timed runs on every member, in one collective.
+        flat = [
+            value
+            for op, (_, candidates) in enumerate(self.plans)
+            for index in range(len(candidates))
+            for value in local.flatten(op, index, self.config.nruns)
+        ]
+        try:
+            with timed("sync_s"):
+                gathered = self.channel.all_gather(flat)
+        except Exception as error:
+            raise _StepFailed(classify(error), "exchange", error) from error
+        counters["collective_autotuning"]["exchanges"] += 1
+        return gathered
+
+    def _commit(self) -> None:
+        try:
+            with timed("sync_s"):
+                self.channel.all_reduce_max(0.0)
+        except Exception as error:
+            raise _StepFailed(classify(error), "commit", error) from error
+
+    def _deadline(self) -> float:
+        return time.monotonic() + self.config.timeout.total_seconds()

@@ -1,0 +1,133 @@
+"""Timing collective candidates on the calling rank, device-agnostically.
+
+Host timers on CPU: a CPU candidate's collectives (gloo) complete before it
+returns.  Device events elsewhere (CUDA, XPU): the host only enqueues work,
+and device work is waited for by polling an event against a deadline rather
+than by ``synchronize()``, so that a collective kernel that never completes
+(a peer left) cannot block the host past the protocol's timeout.
+
+Seconds spent per protocol step are added to
+``torch._dynamo.utils.counters["collective_autotuning"]`` (:func:`timed`),
+which ``scripts/bench_collective_autotuning.py`` reports.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from typing import Any, TYPE_CHECKING
+
+import torch
+from torch._dynamo.utils import counters
+
+from .collective_control import CollectiveBenchmarkTimeout
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+
+
+__all__ = ["CallFailed", "device_of", "time_calls", "time_runs", "timed", "wait_device"]
+
+
+def device_of(tensors: Any) -> torch.device:
+    """The device of the first tensor in ``tensors`` (CPU when there is none).
+
+    This is the local device the candidate runs on; it is deliberately not
+    derived from the rank, which need not equal the local device index.
+    """
+    for value in tensors:
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return torch.device("cpu")
+
+
+def wait_device(device: torch.device, deadline: float) -> None:
+    """Wait for the work enqueued on ``device`` until ``deadline`` (``time.monotonic()``).
+
+    Raises :class:`CollectiveBenchmarkTimeout` when it is still pending then.
+    """
+    if device.type == "cpu":
+        return
+    event = torch.get_device_module(device).Event()
+    event.record()
+    while not event.query():
+        if time.monotonic() > deadline:
+            raise CollectiveBenchmarkTimeout(
+                f"device work on {device} did not complete in time"
+            )
+        time.sleep(1e-4)
+
+
+def time_runs(
+    fn: Callable[[], Any], nruns: int, device: torch.device, deadline: float = math.inf
+) -> list[float]:
+    """Run ``fn`` ``nruns`` times on the calling rank; each run's time in milliseconds.
+
+    Raises what ``fn`` raises, or :class:`CollectiveBenchmarkTimeout` when
+    device work is still pending at ``deadline`` (a ``time.monotonic()``
+    value).
+    """
+    try:
+        return time_calls([fn] * nruns, device, deadline - time.monotonic())
+    except CallFailed as failure:
+        raise failure.error from None
+
+
+class CallFailed(Exception):
+    """Call ``index`` of :func:`time_calls` raised ``error``."""
+
+    def __init__(self, index: int, error: BaseException) -> None:
+        super().__init__(f"call {index} failed: {error!r}")
+        self.index, self.error = index, error
+
+
+def time_calls(
+    calls: Sequence[Callable[[], Any]], device: torch.device, timeout_s: float
+) -> list[float]:
+    """Each call once, in order; each one's time in milliseconds.
+
+    Raises :class:`CallFailed` naming the call that raised; device work still
+    pending ``timeout_s`` after the last call is a timeout of the last call.
+    """
+    if device.type == "cpu":
+        times = []
+        for index, fn in enumerate(calls):
+            start = time.perf_counter()
+            try:
+                fn()
+            except Exception as error:
+                raise CallFailed(index, error) from error
+            times.append((time.perf_counter() - start) * 1e3)
+        return times
+    module = torch.get_device_module(device)
+    wait_device(device, time.monotonic() + timeout_s)
+    events = [
+        (module.Event(enable_timing=True), module.Event(enable_timing=True))
+        for _ in calls
+    ]
+    for index, (fn, (start, end)) in enumerate(zip(calls, events, strict=True)):
+        start.record()
+        try:
+            fn()
+        except Exception as error:
+            raise CallFailed(index, error) from error
+        end.record()
+    try:
+        wait_device(device, time.monotonic() + timeout_s)
+    except CollectiveBenchmarkTimeout as error:
+        raise CallFailed(len(calls) - 1, error) from error
+    return [start.elapsed_time(end) for start, end in events]
+
+
+@contextmanager
+def timed(counter: str) -> Iterator[None]:
+    """Add the seconds spent in the block to ``counters["collective_autotuning"][counter]``."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        # Dynamo's counters are typed Counter[str] (int values); a Counter holds
+        # float seconds as well, which the benchmark scripts read back.
+        counters["collective_autotuning"][counter] += time.perf_counter() - started  # type: ignore[assignment]
