@@ -16,8 +16,13 @@ cache skips (warm and skewed caches are ``test_collective_caches.py``'s
 subject).  A test that fails poisons its class: the remaining tests of the
 class are skipped, since its ranks may no longer be in step.
 
-Tests whose point is a rank that dies use ``SpawnedRanksTestCase`` in
-``test_collective_autotuning.py``, which starts fresh processes per test.
+Tests whose point is a rank that dies, or ranks that leave a test at
+different points, use ``SpawnedRanksTestCase``: fresh processes per test
+(``MultiProcessTestCase``), each test initializing the process group itself
+(:meth:`SpawnedRanksTestCase._init_process_group`).
+
+Both run on gloo (CPU, CI); a class with ``backend = "nccl"`` runs on one GPU
+per rank and is skipped where there are not enough GPUs.
 """
 
 from __future__ import annotations
@@ -28,10 +33,15 @@ import os
 import shutil
 import tempfile
 
+import unittest
+
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
-from torch.testing._internal.common_distributed import MultiProcContinuousTest
+from torch.testing._internal.common_distributed import (
+    MultiProcContinuousTest,
+    MultiProcessTestCase,
+)
 
 
 # The parts of an Inductor cache directory that can hold a collective
@@ -75,24 +85,54 @@ def tcp_store_through(file_name: str, rank: int, world_size: int) -> dist.TCPSto
     return dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
 
 
+def skip_without_gpus(backend: str, world_size: int) -> None:
+    """Skip an NCCL class where there is not a GPU for each rank."""
+    if backend == "nccl" and torch.cuda.device_count() < world_size:
+        raise unittest.SkipTest(f"NCCL tests need {world_size} GPUs")
+
+
+def rank_device(backend: str, rank: int) -> torch.device:
+    """The device of ``rank``'s tensors (its GPU under NCCL), made current."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def reset_for_a_test(rank: int) -> None:
+    """What every test starts with on every rank (see the module docstring)."""
+    torch._dynamo.reset()
+    counters.clear()
+    use_rank_cache_dir(rank)
+    try:  # a prefix of the series may not remember decisions
+        from torch._inductor.runtime import collective_decision_cache
+    except ImportError:
+        return
+    collective_decision_cache._remembered.clear()
+    collective_decision_cache._pre_agreed.clear()
+
+
 class RankProcessesTestCase(MultiProcContinuousTest):
-    """``WORLD_SIZE`` gloo ranks, started once for the class; see the module docstring."""
+    """``WORLD_SIZE`` ranks, started once for the class; see the module docstring."""
 
     WORLD_SIZE = 2
+    backend = "gloo"
     # The process group's own timeout: a test that hangs in a collective of
     # its program fails after it rather than after c10d's 30 minutes.
     timeout = datetime.timedelta(seconds=300)
 
     @classmethod
     def backend_str(cls) -> str:
-        return "gloo"
+        return cls.backend
 
     @classmethod
     def device_type(cls) -> str:
-        return "cpu"
+        return "cuda" if cls.backend == "nccl" else "cpu"
 
     @classmethod
     def setUpClass(cls) -> None:
+        skip_without_gpus(cls.backend, cls.WORLD_SIZE)
         cls.world_size = cls.WORLD_SIZE
         cache_root()  # made in the parent, so that every rank shares the root
         super().setUpClass()
@@ -103,8 +143,9 @@ class RankProcessesTestCase(MultiProcContinuousTest):
             raise AssertionError(
                 "MultiProcContinuousTest gives every rank the rendezvous file"
             )
+        rank_device(cls.backend, rank)
         dist.init_process_group(
-            "gloo",
+            cls.backend,
             store=tcp_store_through(rdvz_file, rank, world_size),
             rank=rank,
             world_size=world_size,
@@ -124,12 +165,53 @@ class RankProcessesTestCase(MultiProcContinuousTest):
 
     def reset_rank(self) -> None:
         """Per-test reset on every rank; extend it for a test module's own state."""
-        torch._dynamo.reset()
-        counters.clear()
-        use_rank_cache_dir(self.rank)
-        try:  # a prefix of the series may not remember decisions
-            from torch._inductor.runtime import collective_decision_cache
-        except ImportError:
-            return
-        collective_decision_cache._remembered.clear()
-        collective_decision_cache._pre_agreed.clear()
+        reset_for_a_test(self.rank)
+
+    def _init_rank(self) -> torch.device:
+        """This rank's device; the process group is the class's."""
+        return rank_device(self.backend, self.rank)
+
+
+class SpawnedRanksTestCase(MultiProcessTestCase):
+    """``WORLD_SIZE`` rank processes per test; each test initializes the process group."""
+
+    WORLD_SIZE = 2
+    backend = "gloo"
+    # Tests whose point is a rank that dies: the dead rank's exit code is not
+    # checked, the healthy ranks' assertions still fail the test through theirs.
+    KILLS_A_RANK: tuple[str, ...] = ()
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        skip_without_gpus(cls.backend, cls.WORLD_SIZE)
+        super().setUpClass()
+
+    @property
+    def world_size(self) -> int:
+        return self.WORLD_SIZE
+
+    def setUp(self) -> None:
+        super().setUp()
+        if self._testMethodName in self.KILLS_A_RANK:
+            self.skip_return_code_checks.append(
+                getattr(type(self), self._testMethodName).__get__(self)
+            )
+        cache_root()  # the rank processes inherit it
+        self._spawn_processes()
+
+    def reset_rank(self) -> None:
+        """Per-test reset on every rank; extend it for a test module's own state."""
+        reset_for_a_test(self.rank)
+
+    def _init_process_group(self) -> None:
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group(
+            self.backend, store=store, rank=self.rank, world_size=self.world_size
+        )
+        self.reset_rank()
+
+    def _init_rank(self) -> torch.device:
+        """This rank's device, with the process group initialized."""
+        device = rank_device(self.backend, self.rank)
+        self._init_process_group()
+        return device

@@ -33,13 +33,11 @@ skipped otherwise.
 from __future__ import annotations
 
 import collections
-import atexit
 import ctypes
 import datetime
 import os
 import shutil
 import signal
-import tempfile
 import time
 import unittest
 
@@ -52,8 +50,12 @@ from torch._inductor.kernel.custom_op import (
     register_custom_op_autotuning,
 )
 from torch.distributed.distributed_c10d import _resolve_process_group
-from torch.testing._internal.common_distributed import MultiProcessTestCase
 from torch.testing._internal.common_utils import run_tests
+
+from rank_processes import (
+    RankProcessesTestCase,
+    SpawnedRanksTestCase,
+)
 
 funcol = torch.ops._c10d_functional
 
@@ -73,12 +75,6 @@ COLS = 8
 FAULT_TIMEOUT_S = 5.0
 # Wall-time bound of one faulty compile: only a hang comes near it.
 HANG_BOUND_S = 240.0
-# The parts of an Inductor cache directory that can hold a collective
-# decision: compiled programs (FX graph and AOTAutograd caches, which replay
-# the decisions they were compiled with) and the decisions themselves.
-DECISION_CACHES = ("fxgraph", "aotautograd", "collective_decisions")
-# Where the rank processes of a test run keep their cache directories.
-CACHE_ROOT_ENV = "COLLECTIVE_TESTS_CACHE_ROOT"
 
 
 class Fault:
@@ -373,70 +369,24 @@ def tuning_config(defer: bool, **patches):
     )
 
 
-class SpawnedRanksTestCase(MultiProcessTestCase):
-    """``WORLD_SIZE`` rank processes per test, each initializing ``backend`` over a FileStore."""
+class AutotuningTestMixin:
+    """What the tests of a tuning path share; mixed into a rank-processes base.
 
-    WORLD_SIZE = 2
-    backend = "gloo"
-    # Tests whose point is a rank that dies: the dead rank's exit code is not
-    # checked, the healthy ranks' assertions still fail the test through theirs.
-    KILLS_A_RANK: tuple[str, ...] = ()
+    ``_init_rank`` (from the base) returns this rank's device, with the
+    process group up.
+    """
 
-    @property
-    def world_size(self) -> int:
-        return self.WORLD_SIZE
-
-    def setUp(self):
-        super().setUp()
-        if self._testMethodName in self.KILLS_A_RANK:
-            self.skip_return_code_checks.append(
-                getattr(type(self), self._testMethodName).__get__(self)
-            )
-        if CACHE_ROOT_ENV not in os.environ:  # the rank processes inherit it
-            os.environ[CACHE_ROOT_ENV] = tempfile.mkdtemp(
-                prefix="collective-tests-inductor-"
-            )
-            atexit.register(
-                shutil.rmtree, os.environ[CACHE_ROOT_ENV], ignore_errors=True
-            )
-        self._spawn_processes()
-
-    def _init_process_group(self) -> None:
-        store = dist.FileStore(self.file_name, self.world_size)
-        dist.init_process_group(
-            self.backend, store=store, rank=self.rank, world_size=self.world_size
-        )
-        # Caches on, as users run them, in a cache directory per rank (as on
-        # separate nodes) that the run's tests share: compiled kernels are
-        # reused.  What holds collective decisions starts empty in every test,
-        # because what the tests assert is what a compile benchmarks, which a
-        # decision taken from a cache skips.  Warm, cold and skewed caches are
-        # test_collective_caches.py's subject.
-        cache_dir = os.path.join(os.environ[CACHE_ROOT_ENV], f"rank{self.rank}")
-        for part in DECISION_CACHES:
-            shutil.rmtree(os.path.join(cache_dir, part), ignore_errors=True)
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
-        torch._dynamo.reset()
-
-
-class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
-    KILLS_A_RANK = ("test_killed_rank_is_reported_by_every_healthy_rank",)
     # torch._inductor.config.defer_collective_autotuning: V2 (True) or V1.
     DEFER = True
+    rank: int
+    world_size: int
 
-    @classmethod
-    def setUpClass(cls):
-        if cls.backend == "nccl" and torch.cuda.device_count() < cls.WORLD_SIZE:
-            raise unittest.SkipTest(f"NCCL tests need {cls.WORLD_SIZE} GPUs")
-        super().setUpClass()
-
-    def _init_rank(self) -> torch.device:
-        device = torch.device("cpu")
-        if self.backend == "nccl":
-            device = torch.device("cuda", self.rank)
-            torch.cuda.set_device(device)
-        self._init_process_group()
-        return device
+    def reset_rank(self) -> None:
+        super().reset_rank()  # type: ignore[misc]
+        RAN.clear()
+        DELAY_MS.clear()
+        FAULTS.clear()
+        CALLED_AT.clear()
 
     def _input(self, rank: int, device: torch.device) -> torch.Tensor:
         values = torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * rank
@@ -496,11 +446,12 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         )
 
         # Lock-step: every candidate ran warmup + timed runs on this rank (the
-        # winner once more, as the first call's result); checked on every rank.
+        # default's timed runs twice: its twin measures the noise floor; the
+        # winner once more, as the first call's result); on every rank.
         self.assertEqual(
             dict(ran_while_compiling),
             {
-                name: NWARMUP + NRUNS + (name == winner)
+                name: NWARMUP + NRUNS * (1 + (name == "default")) + (name == winner)
                 for name in ["default", *dict(decompositions)]
             },
         )
@@ -509,7 +460,6 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         torch.testing.assert_close(
             result, _expected(kind, inputs, self.rank) + 1, rtol=0, atol=0
         )
-        dist.destroy_process_group()
 
     def _check_faulty(
         self, faults: dict[str, Fault], fast: list[str], winner: str, **config_patches
@@ -549,8 +499,11 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         torch.testing.assert_close(
             result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0
         )
-        dist.destroy_process_group()
         return ran_while_compiling
+
+
+class CollectiveAutotuningTests(AutotuningTestMixin):
+    """Every collective kind, faults, and a desynchronizing candidate, per path and world size."""
 
     def test_all_reduce(self):
         self._check_autotuned("all_reduce")
@@ -648,7 +601,16 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         check = torch.ones(1)
         dist.all_reduce(check)
         self.assertEqual(check.item(), float(self.world_size))
-        dist.destroy_process_group()
+
+
+class KilledRankTests(AutotuningTestMixin):
+    """A rank killed inside a candidate: every healthy rank names it, within the timeout.
+
+    In processes of its own per test (``SpawnedRanksTestCase``): the dead
+    rank's exit code is not checked, the healthy ranks' assertions are.
+    """
+
+    KILLS_A_RANK = ("test_killed_rank_is_reported_by_every_healthy_rank",)
 
     def test_killed_rank_is_reported_by_every_healthy_rank(self):
         device = self._init_rank()
@@ -673,7 +635,7 @@ class CollectiveAutotuningTestBase(SpawnedRanksTestCase):
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 
 
-class CollectiveAutotuningGroupsTests:
+class CollectiveAutotuningGroupsTests(AutotuningTestMixin):
     """Two tensor-parallel groups of 2 in a world of 4, tuning independently.
 
     Group {2, 3} starts compiling two timeouts after group {0, 1}: a protocol
@@ -685,10 +647,8 @@ class CollectiveAutotuningGroupsTests:
     WORLD_SIZE = 4
     TIMEOUT_S = 5.0
     WINNERS = {0: "direct", 1: "rs_ag"}  # by group index
-    DEFER = True
 
     def test_groups_tune_independently(self):
-        self._init_process_group()
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         index = self.rank // 2
         group = groups[index]
@@ -723,36 +683,40 @@ class CollectiveAutotuningGroupsTests:
         torch.testing.assert_close(
             result, torch.full((ROWS, COLS), float(sum(r + 1 for r in members) + 1))
         )
-        dist.destroy_process_group()
 
 
 class CollectiveAutotuningGroupsTestV1(
-    CollectiveAutotuningGroupsTests, SpawnedRanksTestCase
+    CollectiveAutotuningGroupsTests, RankProcessesTestCase
 ):
     DEFER = False
 
 
 class CollectiveAutotuningGroupsTestV2(
-    CollectiveAutotuningGroupsTests, SpawnedRanksTestCase
+    CollectiveAutotuningGroupsTests, RankProcessesTestCase
 ):
     DEFER = True
 
 
 # TestCollectiveAutotuning{2,3,4}Ranks{Gloo,NCCL}{V1,V2}: every world size,
-# backend and tuning path (V1: while lowering, V2: in the scheduler).
+# backend and tuning path (V1: while lowering, V2: in the scheduler), one set
+# of rank processes per class; TestCollectiveKilledRank...: the killed-rank
+# test, in processes of its own.
 for _world_size in (2, 3, 4):
     for _backend, _label in (("gloo", "Gloo"), ("nccl", "NCCL")):
         for _path, _defer in (("V1", False), ("V2", True)):
+            _attributes = {
+                "WORLD_SIZE": _world_size,
+                "backend": _backend,
+                "DEFER": _defer,
+                "__module__": __name__,
+            }
             _name = f"TestCollectiveAutotuning{_world_size}Ranks{_label}{_path}"
             globals()[_name] = type(
-                _name,
-                (CollectiveAutotuningTestBase,),
-                {
-                    "WORLD_SIZE": _world_size,
-                    "backend": _backend,
-                    "DEFER": _defer,
-                    "__module__": __name__,
-                },
+                _name, (CollectiveAutotuningTests, RankProcessesTestCase), _attributes
+            )
+            _name = f"TestCollectiveKilledRank{_world_size}Ranks{_label}{_path}"
+            globals()[_name] = type(
+                _name, (KilledRankTests, SpawnedRanksTestCase), _attributes
             )
 
 
@@ -867,8 +831,6 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
             benchmarker.run([Candidate("c", lambda: torch.ones(1))], key="op")
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 
-
-del CollectiveAutotuningTestBase  # a base, not a test class of its own
 
 if __name__ == "__main__":
     run_tests()

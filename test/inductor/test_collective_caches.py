@@ -47,9 +47,9 @@ from torch._inductor.kernel.custom_op import (
 from torch._inductor.runtime import collective_decision_cache
 from torch.testing._internal.common_utils import run_tests
 
+from rank_processes import DECISION_CACHES, SpawnedRanksTestCase
 from test_collective_autotuning import (
     COLS,
-    DECISION_CACHES,
     DELAY_MS,
     HANG_BOUND_S,
     NRUNS,
@@ -57,7 +57,6 @@ from test_collective_autotuning import (
     RAN,
     ROWS,
     SLOW_MS,
-    SpawnedRanksTestCase,
     all_reduce_direct,
     all_reduce_op,
     all_reduce_rs_ag,

@@ -218,6 +218,36 @@ class TestNoiseRules(TestCase):
         # Without a default there is nothing to protect: the fastest wins.
         self.assertEqual(cd.decide([candidate, default], False, 0.02, 0.95)[0], 0)
 
+    def test_an_advantage_below_the_noise_floor_keeps_the_default(self):
+        # Faster in every run, but by 3%, where two runs of the default
+        # itself differ by 8%: not a speedup this session can tell.
+        default = result("default", [10.0] * 12)
+        twin = result("default (again)", [10.8, 9.2] * 6)
+        candidate = result("slightly", [9.7] * 12)
+        index, reason = cd.decide([default, candidate], True, 0.02, 0.95, twin)
+        self.assertEqual(index, 0)
+        self.assertIn("by 3.0% at the median against a noise floor of 8.0%", reason)
+        self.assertAlmostEqual(cd.noise_floor(default, twin), 0.08)
+        # The same candidate, in a quiet session, replaces the default.
+        quiet = result("default (again)", [10.1, 9.9] * 6)
+        self.assertEqual(cd.decide([default, candidate], True, 0.02, 0.95, quiet)[0], 1)
+
+    def test_a_large_advantage_clears_the_noise_floor(self):
+        default = result("default", [10.0, 12.0] * 6)
+        twin = result("default (again)", [11.0, 11.0] * 6)
+        candidate = result("much", [6.0, 7.0] * 6)
+        index, reason = cd.decide([default, candidate], True, 0.02, 0.95, twin)
+        self.assertEqual(index, 1, reason)
+
+    def test_a_failed_twin_leaves_the_sign_test(self):
+        default = result("default", [10.0] * 8)
+        twin = cd.CandidateResult(
+            "default (again)", (cd.RankReport(cd.CandidateStatus.RAISED),)
+        )
+        self.assertEqual(cd.noise_floor(default, twin), 0.0)
+        candidate = result("faster", [9.0] * 8)
+        self.assertEqual(cd.decide([default, candidate], True, 0.02, 0.95, twin)[0], 1)
+
     def test_drift_does_not_favour_the_candidates_timed_later(self):
         # Three equally fast candidates, interleaved as the protocol does, on
         # a machine that gets 1% slower with every call: a sequential order
@@ -467,12 +497,13 @@ class TestBenchmarkerOnOneRank(TestCase):
         )
         warmups, timed = order[:3], order[3:]
         self.assertEqual(warmups, ["a", "b", "c"])
-        self.assertEqual(sorted(timed), ["a"] * 6 + ["b"] * 6 + ["c"] * 6)
+        # The default's twin (its second "a" per iteration) measures the noise.
+        self.assertEqual(sorted(timed), ["a"] * 12 + ["b"] * 6 + ["c"] * 6)
         for run in range(6):  # every candidate once per iteration, in the shared order
-            iteration = timed[3 * run : 3 * run + 3]
+            iteration = timed[4 * run : 4 * run + 4]
             self.assertEqual(
                 iteration,
-                [["a", "b", "c"][i] for i in cd.interleaved_order(3, f"op|{run}")],
+                [["a", "b", "c", "a"][i] for i in cd.interleaved_order(4, f"op|{run}")],
             )
 
     def test_sync_with_timeout_returns_when_every_rank_arrived(self):

@@ -37,7 +37,8 @@ from torch.distributed.distributed_c10d import _resolve_process_group
 from torch._inductor.utils import run_and_get_code
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from test_collective_autotuning import SpawnedRanksTestCase, tuning_config
+from rank_processes import RankProcessesTestCase
+from test_collective_autotuning import tuning_config
 
 
 def _inputs(
@@ -97,7 +98,6 @@ class ImplementationTests:
     WORLD_SIZE = 2
 
     def test_every_implementation_is_exact(self):
-        self._init_process_group()
         world, group_name = self.world_size, dist.group.WORLD.group_name
         mismatches = []
         for kind, implementations in IMPLEMENTATIONS.items():
@@ -125,23 +125,21 @@ class ImplementationTests:
                             )
                             mismatches.append(f"{label}: relative error {error:.3g}")
         self.assertEqual(mismatches, [])
-        dist.destroy_process_group()
 
 
 for _world_size in (2, 3, 4):
     _name = f"CollectiveImplementations{_world_size}RanksTest"
     globals()[_name] = type(
         _name,
-        (ImplementationTests, SpawnedRanksTestCase),
+        (ImplementationTests, RankProcessesTestCase),
         {"WORLD_SIZE": _world_size, "__module__": __name__},
     )
 
 
-class CompiledImplementationsTest(SpawnedRanksTestCase):
+class CompiledImplementationsTest(RankProcessesTestCase):
     WORLD_SIZE = 2
 
     def test_one_op_of_each_kind_compiled(self):
-        self._init_process_group()
         group_name = dist.group.WORLD.group_name
         kinds = list(IMPLEMENTATIONS)
         for kind in kinds:
@@ -171,7 +169,6 @@ class CompiledImplementationsTest(SpawnedRanksTestCase):
         everywhere: list = [None] * world
         dist.all_gather_object(everywhere, issued)
         self.assertEqual(everywhere, [issued] * world)
-        dist.destroy_process_group()
 
 
 class RegistrationErrorsTest(TestCase):

@@ -40,6 +40,7 @@ from torch._inductor.kernel.custom_op import (
 )
 from torch.testing._internal.common_utils import run_tests
 
+from rank_processes import RankProcessesTestCase
 from test_collective_autotuning import (
     CALLED_AT,
     DELAY_MS,
@@ -52,7 +53,6 @@ from test_collective_autotuning import (
     ROWS,
     COLS,
     SLOW_MS,
-    SpawnedRanksTestCase,
     _expected,
     all_reduce_candidate,
     all_reduce_op,
@@ -64,7 +64,15 @@ TIMEOUT_S = 3.0
 
 class LivenessTests:
     WORLD_SIZE = 2
-    KILLS_A_RANK: tuple[str, ...] = ()
+    rank: int
+    world_size: int
+
+    def reset_rank(self) -> None:
+        super().reset_rank()  # type: ignore[misc]
+        RAN.clear()
+        DELAY_MS.clear()
+        FAULTS.clear()
+        CALLED_AT.clear()
 
     def _input(self) -> torch.Tensor:
         return (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * self.rank).view(
@@ -79,7 +87,6 @@ class LivenessTests:
         return torch.compile(lambda x: all_reduce_op(x) + 1)
 
     def test_stragglers_are_waited_for(self):
-        self._init_process_group()
         last = self.world_size - 1
         FAULTS.clear()
         FAULTS["stalls_3x"] = Fault(
@@ -111,10 +118,8 @@ class LivenessTests:
         torch.testing.assert_close(
             result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0
         )
-        dist.destroy_process_group()
 
     def test_wedged_rank_is_named_within_the_timeout(self):
-        self._init_process_group()
         last = self.world_size - 1
         FAULTS.clear()
         FAULTS["wedges"] = Fault(
@@ -140,7 +145,6 @@ class LivenessTests:
             self.assertLess(named_after, TIMEOUT_S + 5)
 
     def test_stuck_rank_is_named_within_the_timeout(self):
-        self._init_process_group()
         last = self.world_size - 1
         FAULTS.clear()
         FAULTS["gets_stuck"] = Fault("stuck", [last], call=NWARMUP + 2)
@@ -168,14 +172,13 @@ class LivenessTests:
                 # Join the collective the stuck rank is blocked in.
                 dist.all_reduce(torch.ones(1))
         FAULTS.clear()
-        dist.destroy_process_group()
 
 
 for _world_size in (2, 3, 4):
     _name = f"CollectiveLiveness{_world_size}RanksTest"
     globals()[_name] = type(
         _name,
-        (LivenessTests, SpawnedRanksTestCase),
+        (LivenessTests, RankProcessesTestCase),
         {"WORLD_SIZE": _world_size, "__module__": __name__},
     )
 

@@ -49,10 +49,7 @@ per group and graph when the scheduler tunes a graph's collective ops together
 (V2, :meth:`~CollectiveBenchmarker.run_batch`; see
 ``torch/_inductor/collective_autotuning.py``).  A session:
 
-1. **Prepare.**  Every member compiles the candidates of the ops it does not
-   remember: local work whose duration differs between members, done before
-   the join so that it is not charged to a bounded step.
-2. **Join (the pre-sync).**  One rendezvous over the store.  Every member
+1. **Join (the pre-sync).**  One rendezvous over the store.  Every member
    counts itself under a digest of what it tunes: the ops' keys, their
    candidates' names and roles, the group, the settings, and each
    candidate's *collective signature* (the collectives its graph issues).
@@ -64,6 +61,12 @@ per group and graph when the scheduler tunes a graph's collective ops together
    still compete.  Each member also claims, per op, the decision it
    remembers: an op that any member remembers is adopted by every member
    (see ``collective_decision_cache.py``); the others are benchmarked.
+2. **Prepare.**  Every member compiles the candidates of the ops the group
+   benchmarks, and only those (an op that any member remembers is compiled
+   by none), then meets the others in a second rendezvous (*ready*): the
+   members compile for different times, and the first warmup's collective,
+   bounded by the timeout, must not wait for a peer still compiling (a
+   peer that compiles beats, and is waited for).
 3. **Benchmark** (``collective_session.py``): warmups with screening, timed
    runs interleaved, one exchange and one commit; failures agreed over the
    store.
@@ -248,9 +251,10 @@ class Candidate:
 
     ``fn`` runs the implementation once on fixed inputs and returns its output
     (a tensor, or a sequence whose first tensor is the output).  ``prepare``
-    does the candidate's local one-time work (compilation) and runs on every
-    rank before the ranks join, so that its duration, which differs between
-    ranks, is not charged to a bounded collective step.  ``signature``
+    does the candidate's local one-time work (compilation): it runs on every
+    rank after the join, only when the group benchmarks the op, and before a
+    rendezvous, so that its duration, which differs between ranks, is not
+    charged to a bounded collective step.  ``signature``
     describes the collectives ``fn`` issues (see ``collective_signature``):
     a candidate whose signature is not the same on every member is
     disqualified at the join, without running.
@@ -393,9 +397,17 @@ class CollectiveBenchmarker:
             ordered = [
                 sorted(op.candidates, key=lambda c: not c.is_default) for op in ops
             ]
-            prepare_errors = self._prepare(ordered, remembered)
-            prepared = time.perf_counter()
             joined = self._join(control, ops, ordered, remembered)
+            # Compiled only now, and only what the group benchmarks: an op
+            # that some member remembers is compiled by nobody.
+            prepared = time.perf_counter()
+            prepare_errors = self._prepare(ordered, joined.to_run)
+            compiled = time.perf_counter()
+            if any(c.prepare for i in joined.to_run for c in ordered[i]):
+                # Members compile for different times: the first warmup's
+                # collective, bounded by the timeout, must not wait for them.
+                with timed("presync_s"):
+                    control.barrier("ready", "the end of compiling the candidates")
             run = SessionRun(
                 self.config,
                 self.device,
@@ -409,6 +421,7 @@ class CollectiveBenchmarker:
                     for index in range(len(ordered[i]))
                     if (i, index) in prepare_errors
                 },
+                [_twin(ordered[i][0]) for i in joined.to_run],
             )
             results = run.run() if joined.to_run else []
         decisions = []
@@ -416,7 +429,9 @@ class CollectiveBenchmarker:
         for i, op in enumerate(ops):
             if i in positions:
                 decision = self._decide(
-                    results[positions[i]], has_default=ordered[i][0].is_default
+                    results[positions[i]],
+                    has_default=ordered[i][0].is_default,
+                    twin=run.twin_results[positions[i]],
                 )
             else:
                 decision = decision_cache.adopt(joined.adopted[i], op)
@@ -428,8 +443,10 @@ class CollectiveBenchmarker:
         stats["ops"] += len(joined.to_run)
         stats["recalled"] += len(ops) - len(joined.to_run)
         # float seconds in Dynamo's int-typed counters: see collective_timing.timed
-        stats["prepare_s"] += prepared - started  # type: ignore[assignment]
-        stats["session_s"] += time.perf_counter() - prepared  # type: ignore[assignment]
+        stats["prepare_s"] += compiled - prepared  # type: ignore[assignment]
+        # The session besides compiling: joins, runs and agreements.
+        session_s = time.perf_counter() - started - (compiled - prepared)
+        stats["session_s"] += session_s  # type: ignore[assignment]
         return decisions
 
     def decision_context(self) -> tuple[str, str]:
@@ -457,18 +474,14 @@ class CollectiveBenchmarker:
         return repr(group), repr(settings)
 
     def _prepare(
-        self,
-        ordered: Sequence[Sequence[Candidate]],
-        remembered: Sequence[CollectiveDecision | None],
+        self, ordered: Sequence[Sequence[Candidate]], to_run: Sequence[int]
     ) -> set[tuple[int, int]]:
-        # Compile the candidates of the ops this member does not remember; a
-        # candidate whose preparation fails is disqualified in its warmup, on
-        # every member.  Returns the (op, candidate index) that failed.
+        # Compile the candidates of the ops the group benchmarks; a candidate
+        # whose preparation fails is disqualified in its warmup, on every
+        # member.  Returns the (op, candidate index) that failed.
         failed = set()
-        for i, candidates in enumerate(ordered):
-            if remembered[i] is not None:
-                continue
-            for index, candidate in enumerate(candidates):
+        for i in to_run:
+            for index, candidate in enumerate(ordered[i]):
                 if candidate.prepare is None:
                     continue
                 try:
@@ -628,10 +641,17 @@ class CollectiveBenchmarker:
         )
 
     def _decide(
-        self, results: list[CandidateResult], has_default: bool
+        self,
+        results: list[CandidateResult],
+        has_default: bool,
+        twin: CandidateResult | None = None,
     ) -> CollectiveDecision:
         index, reason = decide(
-            results, has_default, self.config.tie_tolerance, self.config.confidence
+            results,
+            has_default,
+            self.config.tie_tolerance,
+            self.config.confidence,
+            twin,
         )
         winner = None if index is None else results[index].name
         return CollectiveDecision(self.group_name, tuple(results), winner, reason)
@@ -660,6 +680,14 @@ class CollectiveBenchmarker:
                 f"  {result.name:<40} {verdict:<40} attempts={result.attempts}  {per_rank}"
             )
         decision_log.debug("\n".join(lines))
+
+
+def _twin(first: Candidate) -> Candidate | None:
+    # The default timed a second time in every iteration: the noise floor
+    # of do-no-harm (collective_decisions.noise_floor).
+    if not first.is_default:
+        return None
+    return Candidate(f"{first.name} (again)", first.fn, signature=first.signature)
 
 
 # --- conveniences ---------------------------------------------------------------

@@ -30,6 +30,8 @@ __all__ = [
     "SCREENING_TOLERANCES",
     "beats_default",
     "decide",
+    "noise_floor",
+    "relative_advantages",
     "decision_from_json",
     "decision_to_json",
     "earliest_failure",
@@ -205,23 +207,57 @@ def sign_test_p_value(advantages: Sequence[float]) -> float:
     return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
 
 
+def relative_advantages(
+    candidate: CandidateResult, default: CandidateResult
+) -> list[float]:
+    """Per timed run, how much faster ``candidate`` was than ``default``, as a
+    fraction of the default's time (negative: slower).
+
+    The two ran interleaved, so run ``i`` of each saw the same moment of the
+    machine: their difference in that run is free of drift.
+    """
+    return [
+        (d - c) / d if d > 0 else 0.0
+        for d, c in zip(default.runs_ms, candidate.runs_ms, strict=True)
+    ]
+
+
+def noise_floor(default: CandidateResult, twin: CandidateResult | None) -> float:
+    """The session's noise: the median relative difference, run by run, between
+    the default and its *twin* (the same implementation, timed again in every
+    interleaved iteration).  0 without a twin."""
+    if twin is None or twin.status is not CandidateStatus.OK:
+        return 0.0
+    differences = [abs(a) for a in relative_advantages(twin, default)]
+    return statistics.median(differences) if differences else 0.0
+
+
 def beats_default(
-    candidate: CandidateResult, default: CandidateResult, confidence: float
+    candidate: CandidateResult,
+    default: CandidateResult,
+    confidence: float,
+    twin: CandidateResult | None = None,
 ) -> tuple[bool, str]:
     """Whether ``candidate`` beats ``default`` by more than the session's noise, and why.
 
-    The two ran interleaved, so run ``i`` of each saw the same moment of the
-    machine: their difference in that run is free of drift.  The candidate
-    wins when it was faster in significantly more runs than chance
-    (:func:`sign_test_p_value` at most ``1 - confidence``).
+    Two conditions, on the paired runs: the candidate was faster in
+    significantly more runs than chance (:func:`sign_test_p_value` at most
+    ``1 - confidence``), and by more than the noise floor: its median
+    relative advantage exceeds the median relative difference between the
+    default and its ``twin`` (:func:`noise_floor`), so that a difference of
+    the size that two runs of one program show is never taken for a speedup.
     """
-    advantages = [
-        d - c for d, c in zip(default.runs_ms, candidate.runs_ms, strict=True)
-    ]
+    advantages = relative_advantages(candidate, default)
     p_value = sign_test_p_value(advantages)
     faster = sum(a > 0 for a in advantages)
-    summary = f"faster than the default in {faster} of {len(advantages)} runs (sign test p={p_value:.3g})"
-    return p_value <= 1.0 - confidence, summary
+    advantage = statistics.median(advantages) if advantages else 0.0
+    floor = noise_floor(default, twin)
+    summary = (
+        f"faster than the default in {faster} of {len(advantages)} runs (sign test "
+        f"p={p_value:.3g}), by {advantage:.1%} at the median against a noise floor "
+        f"of {floor:.1%}"
+    )
+    return p_value <= 1.0 - confidence and advantage > floor, summary
 
 
 def decide(
@@ -229,13 +265,15 @@ def decide(
     has_default: bool,
     tie_tolerance: float,
     confidence: float,
+    twin: CandidateResult | None = None,
 ) -> tuple[int | None, str]:
     """The winner's index among ``results`` (in preference order, the default first when
     ``has_default``) and the reason; ``None`` when nothing qualified.
 
     The fastest qualified candidate wins, near-ties going to the earlier
     (:func:`pick_winner`); a winner other than the default must also beat the
-    default beyond noise (:func:`beats_default`), or the default stays.
+    default beyond noise (:func:`beats_default`, with the default's ``twin``
+    when it was timed), or the default stays.
     """
     times = [result.time_ms for result in results]
     index = pick_winner(times, tie_tolerance)
@@ -246,18 +284,18 @@ def decide(
         "fastest"
         if times[index] == fastest
         else (
-            f"within {tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); ties go to the default, "
-            "then to registration order"
+            f"within {tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); ties go to "
+            "the default, then to registration order"
         )
     )
     if not has_default or index == 0 or results[0].status is not CandidateStatus.OK:
         return index, reason
-    beats, summary = beats_default(results[index], results[0], confidence)
+    beats, summary = beats_default(results[index], results[0], confidence, twin)
     if beats:
         return index, f"{reason}; {summary}"
     return 0, (
-        f"the default stays: {results[index].name} was {summary}, within the session's noise "
-        f"at {confidence:.0%} confidence"
+        f"the default stays: {results[index].name} was {summary}: within the "
+        f"session's noise at {confidence:.0%} confidence"
     )
 
 

@@ -180,7 +180,11 @@ class SessionRun:
     order (the default first).  ``excluded`` maps (op, candidate) positions
     to results already agreed at the join (a candidate that is not the same
     on every member never runs); ``prepare_errors`` holds the positions whose
-    local preparation (compilation) failed on this member.
+    local preparation (compilation) failed on this member.  ``twins`` gives,
+    per op, the *twin* of its default (the same implementation, or None):
+    timed in every interleaved iteration like a candidate, never warmed up
+    nor chosen, it measures the session's noise (``noise_floor``); its
+    result per op is in :attr:`twin_results` after :meth:`run`.
     """
 
     def __init__(
@@ -192,14 +196,22 @@ class SessionRun:
         plans: Sequence[tuple[str, Sequence[Candidate]]],
         excluded: dict[tuple[int, int], CandidateResult],
         prepare_errors: set[tuple[int, int]],
+        twins: Sequence[Candidate | None] | None = None,
     ) -> None:
         self.config = config
         self.device = device
         self.channel = channel
         self.control = control
-        self.plans = plans
         self.excluded = excluded
         self.prepare_errors = prepare_errors
+        twins = twins or [None] * len(plans)
+        # The twin, when there is one, is an op's last candidate here.
+        self.plans = [
+            (key, [*candidates, *([twin] if twin is not None else [])])
+            for (key, candidates), twin in zip(plans, twins, strict=True)
+        ]
+        self._has_twin = [twin is not None for twin in twins]
+        self.twin_results: list[CandidateResult | None] = [None] * len(plans)
 
     def run(self) -> list[list[CandidateResult]]:
         """Every candidate's agreed result, per op; the same on every member.
@@ -216,10 +228,14 @@ class SessionRun:
         # candidates need none of the lowering-time dispatch state.
         try:
             with no_python_dispatcher():
-                return self._run()
+                results = self._run()
         except CollectiveBenchmarkError:
             self.channel.drop()  # a peer is gone; a later session must not reuse it
             raise
+        for op, has_twin in enumerate(self._has_twin):
+            if has_twin:
+                self.twin_results[op] = results[op].pop()
+        return results
 
     def _run(self) -> list[list[CandidateResult]]:
         # The schedule is rebuilt after every failure agreement, from where the
@@ -355,10 +371,11 @@ class SessionRun:
             active = [index for index, on in enumerate(competing[op]) if on]
             warmup_from = resume.warmup_from if op == resume.op else 0
             if warmup_from is not None:
+                twin = len(self.plans[op][1]) - 1 if self._has_twin[op] else None
                 steps += [
                     _Step(op, index, timed=False)
                     for index in active
-                    if index >= warmup_from
+                    if index >= warmup_from and index != twin
                 ]
             for run in range(self.config.nruns):
                 order = interleaved_order(len(active), f"{self.plans[op][0]}|{run}")
