@@ -19,8 +19,8 @@ Inductor can do this at two points:
   collects these nodes, runs one session per process group (one pre-sync,
   which also checks that every rank holds the same ordered list of nodes), and
   benchmarks the group's nodes as one batch.  Each candidate is timed together
-  with the node's pointwise *epilogue*: the chain of pointwise single users
-  that follows it in the graph.  A candidate whose tail fuses with that
+  with the node's pointwise *epilogue* (``collective_epilogue.py``): the chain
+  of pointwise single users that follows it in the graph.  A candidate whose tail fuses with that
   epilogue is timed fused, so the choice is made on what the program will
   run.  When no candidate's tail can fuse (each ends in a collective or
   another op without generated code), the epilogue would add the same kernel
@@ -83,14 +83,17 @@ that waits for it.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from typing import Any, TYPE_CHECKING
 
-import torch
 from torch._inductor import config, ir
 from torch._dynamo.utils import counters
+from torch._inductor.collective_epilogue import (
+    Epilogue,
+    epilogue_to_time_with,
+    time_with_epilogue,
+)
 from torch._inductor.runtime.collective_benchmarking import (
     Candidate,
     candidate_names,
@@ -104,12 +107,12 @@ from torch._inductor.runtime.collective_benchmarking import (
     select_winner,
 )
 from torch._inductor.runtime.collective_control import ensure_heartbeat
-from torch._inductor.runtime.collective_decisions import first_tensor
-from torch._inductor.utils import convert_shape_to_inductor
 from torch._inductor.virtualized import V
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    import torch
 
 
 log = logging.getLogger(__name__)
@@ -189,10 +192,10 @@ def finalize_collective_multi_template_buffers(
         group_nodes = by_group[group_name]
         # Identical nodes (equal tuning keys) share one benchmark and decision.
         sharing: dict[
-            str, list[tuple[ir.CollectiveMultiTemplateBuffer, _Epilogue | None]]
+            str, list[tuple[ir.CollectiveMultiTemplateBuffer, Epilogue | None]]
         ] = {}
         for node in group_nodes:
-            epilogue = _epilogue_to_time_with(node)
+            epilogue = epilogue_to_time_with(node)
             sharing.setdefault(_tuning_key(node, epilogue), []).append((node, epilogue))
         # The key of each benchmarked op names the nodes it stands for, so the
         # join also checks that every rank holds the same list of nodes.
@@ -247,215 +250,8 @@ def finalize_collective_multi_template_buffers(
     return V.graph.operations
 
 
-# --- candidates with their epilogue --------------------------------------------------
-# Pointwise arithmetic whose generated code does not depend on the value of a
-# scalar operand (one instruction whatever the constant), so that nodes whose
-# epilogues differ only in such constants measure the same thing.  Any other
-# constant (an exponent, a rounding mode, a clamp bound that may fold) stays
-# in the key.  Value-dependent simplifications (x + 0, x * 1) are made by the
-# post-grad passes, before the epilogue is read.
-_VALUE_FREE_SCALAR_OPS = frozenset(
-    {
-        torch.ops.aten.add,
-        torch.ops.aten.sub,
-        torch.ops.aten.mul,
-        torch.ops.aten.div,
-        torch.ops.aten.rsub,
-    }
-)
-
-
-@dataclasses.dataclass
-class _Epilogue:
-    """The pointwise single-user chain after a collective node, as a graph of its own."""
-
-    gm: torch.fx.GraphModule  # (node output, *extra inputs) -> epilogue output
-    extra_inputs: list[ir.IRNode]
-    layout: ir.FixedLayout
-    key: str  # its ops, for names and logs
-    structure: str  # what timing can depend on: ops, arguments, input layouts
-
-    @staticmethod
-    def find(node: ir.CollectiveMultiTemplateBuffer) -> _Epilogue | None:
-        fx_node = node.fx_node
-        if fx_node is None:
-            return None
-        chain: list[torch.fx.Node] = []
-        extras: dict[torch.fx.Node, ir.IRNode] = {}
-        current = fx_node
-        while len(current.users) == 1:
-            (user,) = current.users
-            if not (
-                user.op == "call_function"
-                and isinstance(user.target, torch._ops.OpOverload)
-                and torch.Tag.pointwise in user.target.tags
-                and isinstance(user.meta.get("val"), torch.Tensor)
-            ):
-                break
-            new_extras = {
-                arg: _lowered_input(arg)
-                for arg in user.all_input_nodes
-                if arg is not current
-            }
-            if any(value is None for value in new_extras.values()):
-                break
-            extras.update(
-                {
-                    arg: value
-                    for arg, value in new_extras.items()
-                    if arg not in extras and value is not None  # none is, see above
-                }
-            )
-            chain.append(user)
-            current = user
-        if not chain:
-            return None
-        graph = torch.fx.Graph()
-        env = {fx_node: graph.placeholder("collective_output")}
-        for i, arg in enumerate(extras):
-            env[arg] = graph.placeholder(f"epilogue_input_{i}")
-        for user in chain:
-            env[user] = graph.node_copy(user, lambda arg: env[arg])
-        graph.output(env[chain[-1]])
-        value = chain[-1].meta["val"]
-        layout = ir.FixedLayout(
-            device=value.device,
-            dtype=value.dtype,
-            size=convert_shape_to_inductor(value.shape),
-            stride=convert_shape_to_inductor(value.stride()),
-        )
-        key = "+".join(str(user.target) for user in chain)
-        return _Epilogue(
-            torch.fx.GraphModule(torch.nn.Module(), graph),
-            list(extras.values()),
-            layout,
-            key,
-            _structure(fx_node, chain, extras),
-        )
-
-
-def _structure(
-    fx_node: torch.fx.Node,
-    chain: list[torch.fx.Node],
-    extras: dict[torch.fx.Node, ir.IRNode],
-) -> str:
-    names = {fx_node: "out", **{arg: f"in{i}" for i, arg in enumerate(extras)}}
-    names.update({user: f"t{j}" for j, user in enumerate(chain)})
-    parts = []
-    for user in chain:
-        target = user.target
-        assert isinstance(target, torch._ops.OpOverload)  # as _Epilogue.find checked
-        value_free = target.overloadpacket in _VALUE_FREE_SCALAR_OPS
-
-        def describe(value: Any, value_free: bool = value_free) -> str:
-            if isinstance(value, torch.fx.Node):
-                return names[value]
-            if (
-                value_free
-                and isinstance(value, (int, float))
-                and not isinstance(value, bool)
-            ):
-                return type(value).__name__
-            return repr(value)
-
-        args = torch.fx.node.map_aggregate(user.args, describe)
-        kwargs = torch.fx.node.map_aggregate(dict(user.kwargs), describe)
-        parts.append(f"{names[user]}={user.target}{args}{kwargs}")
-    parts += [
-        f"in{i}:{value.get_size()},{value.get_stride()},{value.get_dtype()}"
-        for i, value in enumerate(extras.values())
-    ]
-    return "; ".join(parts)
-
-
-def _epilogue_to_time_with(node: ir.CollectiveMultiTemplateBuffer) -> _Epilogue | None:
-    # A candidate whose output comes from an op Inductor generates no code
-    # for (a collective's wait, an extern kernel, the eager default) ends in
-    # a buffer of its own, and the epilogue then runs as a kernel of its own
-    # after it: the same time added to every such candidate, which cannot
-    # change their ranking.  Only a tail of generated code can fuse with the
-    # epilogue; when no candidate has one, the candidates are timed alone,
-    # which costs no epilogue compilation and measures what V1 measures.
-    epilogue = _Epilogue.find(node)
-    if epilogue is None or not any(_tail_may_fuse(choice) for choice in node.choices):
-        return None
-    return epilogue
-
-
-def _tail_may_fuse(choice: Any) -> bool:
-    gm = getattr(choice, "gm", None)
-    if gm is None:
-        return False
-    (output,) = (n for n in gm.graph.nodes if n.op == "output")
-    value = output.args[0]
-    value = value[0] if isinstance(value, (list, tuple)) else value
-    return (
-        isinstance(value, torch.fx.Node)
-        and value.op == "call_function"
-        and isinstance(value.target, torch._ops.OpOverload)
-        and value.target.namespace == "aten"
-    )
-
-
-def _lowered_input(arg: torch.fx.Node) -> ir.IRNode | None:
-    # An epilogue's other inputs become benchmark inputs, so they must be
-    # buffers that exist before the op: graph inputs, or values the lowering
-    # still holds (the FX interpreter frees a value after its last use).
-    if arg.op == "placeholder":
-        value = V.graph.graph_inputs.get(str(arg.target))
-    else:
-        value = V.graph.env.get(arg)
-    if value is None or not ir.is_storage_and_layout(value):
-        return None
-    return value
-
-
-def _trace(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from torch._inductor.decomposition import select_decomp_table
-
-    return make_fx(
-        fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic"
-    )(*args)
-
-
-def _with_epilogue_caller(
-    choice: Any, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue
-) -> Any:
-    """A subgraph choice that runs ``choice`` (``None``: nothing) and then the epilogue."""
-    from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
-
-    run: Callable[..., Any]
-    if choice is None:
-        inputs: list[Any] = [ir.TensorBox.create(node)]
-
-        def run(out: torch.Tensor, *extra: torch.Tensor) -> Any:
-            return torch.fx.Interpreter(epilogue.gm).run(out, *extra)
-
-        name = f"{node.op_name}_epilogue"
-    else:
-        inputs = list(choice.input_nodes)
-        count = len(inputs)
-
-        def run(*args: torch.Tensor) -> Any:
-            out = torch.fx.Interpreter(choice.gm).run(*args[:count])
-            return torch.fx.Interpreter(epilogue.gm).run(out, *args[count:])
-
-        name = f"{choice.name}_with_epilogue"
-    # The epilogue's inputs are IRNodes that its lowering held (TensorBoxes).
-    input_nodes: list[Any] = [*inputs, *epilogue.extra_inputs]
-    return SubgraphChoiceCaller(
-        name=name,
-        input_nodes=input_nodes,
-        layout=epilogue.layout,
-        description=f"{name} ({epilogue.key})",
-        make_fx_graph=functools.partial(_trace, run),
-    )
-
-
 def _tuning_key(
-    node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None
+    node: ir.CollectiveMultiTemplateBuffer, epilogue: Epilogue | None
 ) -> str:
     # What the node's candidates compute, on which layouts, and what they are
     # timed with: nodes with equal keys measure the same thing.  A node
@@ -466,7 +262,7 @@ def _tuning_key(
 
 def _op_to_tune(
     node: ir.CollectiveMultiTemplateBuffer,
-    epilogue: _Epilogue | None,
+    epilogue: Epilogue | None,
     tuning_key: str,
     nodes: list[int],
 ) -> OpToTune:
@@ -498,7 +294,7 @@ class _NodeRunners:
     """
 
     def __init__(
-        self, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None
+        self, node: ir.CollectiveMultiTemplateBuffer, epilogue: Epilogue | None
     ) -> None:
         self.node, self.epilogue = node, epilogue
 
@@ -518,7 +314,9 @@ class _NodeRunners:
             uses_layout_preserving_inputs=AlgorithmSelectorCache._uses_layout_preserving_inputs,
         )
         if self.epilogue is not None:
-            candidates = _time_with_epilogue(node, candidates, args, self.epilogue)
+            candidates = time_with_epilogue(
+                node, node.choices, candidates, args, self.epilogue
+            )
         return candidates
 
     def prepare(self, index: int) -> None:
@@ -528,59 +326,6 @@ class _NodeRunners:
 
     def run(self, index: int) -> Any:
         return self.candidates[index].fn()
-
-
-def _time_with_epilogue(
-    node: ir.CollectiveMultiTemplateBuffer,
-    candidates: list[Candidate],
-    args: Any,
-    epilogue: _Epilogue,
-) -> list[Candidate]:
-    from torch._inductor.select_algorithm import AlgorithmSelectorCache
-
-    inputs, _ = args.get_benchmark_tensors(True).unpack()
-    extras = [
-        AlgorithmSelectorCache.benchmark_example_value(value)
-        for value in epilogue.extra_inputs
-    ]
-    epilogue_out = AlgorithmSelectorCache.benchmark_example_value(epilogue.layout)
-    epilogue_only = None
-    timed = []
-    fn: Callable[[], Any]
-    for choice, candidate in zip(node.choices, candidates, strict=True):
-        if getattr(choice, "gm", None) is not None:
-            # Compiled together: the candidate's tail fuses with the epilogue
-            # exactly as it will once the winner is inlined.
-            fused = _with_epilogue_caller(choice, node, epilogue)
-
-            def fn(fused: Any = fused) -> Any:
-                return fused.benchmark_collective(*inputs, *extras, out=epilogue_out)
-
-            prepare = fused._ensure_compiled
-        else:
-            if epilogue_only is None:
-                epilogue_only = _with_epilogue_caller(None, node, epilogue)
-            alone = epilogue_only
-
-            def fn(run: Callable[[], Any] = candidate.fn, alone: Any = alone) -> Any:
-                return alone.benchmark_collective(
-                    first_tensor(run()), *extras, out=epilogue_out
-                )
-
-            prepare = _both(candidate.prepare, alone._ensure_compiled)
-        timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
-    return timed
-
-
-def _both(
-    first: Callable[[], Any] | None, second: Callable[[], Any]
-) -> Callable[[], None]:
-    def prepare() -> None:
-        if first is not None:
-            first()
-        second()
-
-    return prepare
 
 
 def _apply_speedup_threshold(
