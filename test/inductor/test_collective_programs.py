@@ -100,6 +100,15 @@ def all_reduce_negated(x, chunks=1):
     return -_wait(funcol.all_reduce(-y, "sum", _group_name()))
 
 
+def all_reduce_gather_sum(x, chunks=1):
+    # Resolves its group in Python, as the library's implementations do: a
+    # call that make_fx traces but Dynamo (torch.cond's branches) cannot.
+    y = probe_rows(x, "gather_sum")
+    world = _group().size()
+    gathered = _wait(funcol.all_gather_into_tensor(y, world, _group_name()))
+    return gathered.view(world, *y.shape).sum(0)
+
+
 def all_reduce_abs(x, chunks=1):
     # Right on nonnegative inputs only: screened out unless the benchmark
     # inputs are made nonnegative (input_gen_fns).
@@ -298,14 +307,14 @@ class CollectiveProgramsTestBase(RankProcessesTestCase):
     def test_range_dispatch(self):
         self._register(
             all_reduce_direct,
-            all_reduce_negated,
+            all_reduce_gather_sum,
             dispatch_on={"tensor_name": "x", "dim": 0, "range_upper_bound": 64},
             split_points=[16],
         )
         # [1, 16] is benchmarked at 16 rows, [17, inf) at 64: "direct" is
-        # made the faster at 16 rows, "negated" at 64.
+        # made the faster at 16 rows, "gather_sum" at 64.
         DELAY_MS["default"] = SLOW_MS
-        DELAY_BY_ROWS.update({16: {"negated": SLOW_MS}, 64: {"direct": SLOW_MS}})
+        DELAY_BY_ROWS.update({16: {"gather_sum": SLOW_MS}, 64: {"direct": SLOW_MS}})
         with tuning_config(self.DEFER):
             compiled = self._compile_all_reduce_plus_one(8)
             DELAY_MS.clear()
@@ -315,9 +324,9 @@ class CollectiveProgramsTestBase(RankProcessesTestCase):
                 {
                     4: "direct",
                     16: "direct",
-                    17: "negated",
-                    40: "negated",
-                    100: "negated",
+                    17: "gather_sum",
+                    40: "gather_sum",
+                    100: "gather_sum",
                 },
                 lambda rows: (_input(self.rank, rows),),
                 self._plus_one,
