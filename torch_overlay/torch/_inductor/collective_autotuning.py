@@ -19,19 +19,14 @@ Inductor can do this at two points:
   collects these nodes, runs one session per process group (one pre-sync,
   which also checks that every rank holds the same ordered list of nodes), and
   benchmarks the group's nodes as one batch.  Each candidate is timed together
-  with the node's pointwise *epilogue*: the chain of pointwise single users
-  that follows it in the graph.  A candidate whose tail fuses with that
-  epilogue is timed fused, so the choice is made on what the program will
-  run.  When no candidate's tail can fuse (each ends in a collective or
-  another op without generated code), the epilogue would add the same kernel
-  to every candidate, so they are timed alone, as V1 times them.  The
-  winner's graph is then inlined in place of the node, and ordinary fusion
-  fuses its tail with the epilogue.
+  with the node's pointwise *epilogue* (``collective_epilogue.py``): the chain
+  of pointwise single users that follows it in the graph, so that a candidate
+  whose tail fuses with it is timed fused.  The winner's graph is then inlined
+  in place of the node, and ordinary fusion fuses its tail with the epilogue.
 
 ``torch._inductor.config.defer_collective_autotuning`` (env
 ``TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING``, on by default) selects V2.  V1
-still applies when it is off, to range-based custom op autotuning (whose
-dispatch needs a winner per range at lowering), and under
+still applies when it is off, and under
 ``test_configs.force_custom_op_decomposition``.
 
 Why before fusion, not in ``finalize_multi_template_buffers``
@@ -44,22 +39,50 @@ collective nodes are therefore finalized at the start of scheduling, from the
 graph's operations, which is also the last point where every rank holds the
 whole list of them.
 
+Dynamic shapes
+--------------
+The node's layout is the op's own output layout on the graph's inputs
+(symbolic sizes where the graph has them, from the op's fake implementation,
+as the eager default's), not a candidate's, which is inferred on size hints.
+Candidates are benchmarked at the size hints, as V1 benchmarks them, and the
+winner's graph, traced on the symbolic inputs, is inlined: the compiled
+program is exact for every size.  The hinted shapes of the benchmark inputs
+are part of each op's key at the join, so ranks whose hints differ (they
+would benchmark collectives of different sizes) fail there, on every rank,
+instead of running mismatched collectives.
+
+Range dispatch
+--------------
+An op registered with ``dispatch_on`` and ``split_points`` needs a winner per
+range of sizes.  Its lowering returns one node holding every range's choices
+(each range's benchmark inputs have the top of the range as the dispatched
+dimension) and a :class:`RangeDispatch`.  Each range is one decision of the
+group's session, with the range in its key and its tuning key (two ranges
+are never "identical nodes"); the winners are then handed to the dispatch's
+``lower``, which inlines the single winner or builds a ``torch.cond``
+dispatch, in the node's place.  The runtime choice depends on the size alone,
+so every rank runs the same implementation for the same size.  Ranges are
+timed without the epilogue: a winner inside a ``torch.cond`` branch cannot
+fuse with what follows the dispatch.
+
 Identical nodes are tuned once
 ------------------------------
 A tensor-parallel model repeats the same collective op once or twice per
 layer.  Nodes of a group with equal *tuning keys* share one benchmark and one
 decision: the key is what timing can depend on, namely each choice's
 identity (its graph or kernel, input layouts and config patches, see
-``choices_identity``) and the epilogue's structure (its ops, their
-arguments, the layouts of its other inputs).  Scalar constants of pointwise
-arithmetic (``y * 0.5 + i``) are left out: the generated code does the same
-work whatever their value.  The key is computed from the graph alone, so
-every rank groups the nodes alike; one node per key is benchmarked, and its
-candidates are only traced, compiled and given inputs then.  The benchmarker
-also remembers agreed decisions for the rest of the process under the same
-key: a later graph (or a V1 op, for a node without an epilogue, which
-measures the same thing) adopts one when every rank of the group remembers
-the same decision, and the group benchmarks it together otherwise.
+``choices_identity``), the epilogue's structure (its ops, their arguments,
+the layouts of its other inputs) and the range.  Scalar constants of
+pointwise arithmetic (``y * 0.5 + i``) are left out: the generated code does
+the same work whatever their value.  The key is computed from the graph
+alone, so every rank groups the nodes alike; one node per key is benchmarked,
+and its candidates are only traced, compiled and given inputs then.  The
+benchmarker also remembers agreed decisions for the rest of the process
+under the same key: a later graph (or a V1 op, for a node without an
+epilogue, which measures the same thing) adopts one when a rank of the group
+remembers it, and the group benchmarks it together otherwise.  A key holds
+symbolic sizes as they are: a decision measured at one size hint is adopted
+by the same symbolic program at another, as under V1.
 
 Candidates are compiled when the scheduler is built, not while the node is
 lowered: a candidate is compiled by a nested Inductor compilation, which
@@ -72,25 +95,31 @@ Agreement
 ---------
 Every rank builds the same list from the same program, so the per-group node
 lists agree unless the programs differ (a recompilation on one rank, a
-different graph break, cache skew).  The pre-sync compares a compact key per
-benchmarked node (the op, its input shapes, its candidates and its
-epilogue); when the lists differ, every rank of the group raises
-``CollectiveBenchmarkError`` naming the first differing node; none falls back
-alone.  Groups are finalized in the order of their names, the same on every
-rank, so a rank that is a member of several groups cannot wait for a peer
-that waits for it.
+different graph break, cache skew, different size hints).  The pre-sync
+compares a compact key per benchmarked decision (the op, its input shapes
+and benchmark shapes, its range, its candidates and its epilogue); when the
+lists differ, every rank of the group raises ``CollectiveBenchmarkError``
+naming the first differing one; none falls back alone.  Groups are finalized
+in the order of their names, the same on every rank, so a rank that is a
+member of several groups cannot wait for a peer that waits for it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 from typing import Any, TYPE_CHECKING
 
 import torch
-from torch._inductor import config, ir
 from torch._dynamo.utils import counters
+from torch._inductor import config, ir
+from torch._inductor.collective_epilogue import (
+    Epilogue,
+    epilogue_to_time_with,
+    time_with_epilogue,
+)
 from torch._inductor.runtime.collective_benchmarking import (
     Candidate,
     candidate_names,
@@ -99,25 +128,30 @@ from torch._inductor.runtime.collective_benchmarking import (
     CollectiveBenchmarker,
     collective_candidates,
     collective_group_name,
+    CollectiveDecision,
     OpToTune,
     resolve_group,
     select_winner,
 )
 from torch._inductor.runtime.collective_control import ensure_heartbeat
-from torch._inductor.runtime.collective_decisions import first_tensor
-from torch._inductor.utils import convert_shape_to_inductor
 from torch._inductor.virtualized import V
 
+
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
+
+    from torch._inductor.kernel.custom_op import RangeBounds
 
 
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "CollectiveRange",
     "defer_collective_choices",
+    "defer_collective_range_choices",
     "deferral_enabled",
     "finalize_collective_multi_template_buffers",
+    "RangeDispatch",
 ]
 
 
@@ -129,32 +163,144 @@ def deferral_enabled() -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class CollectiveRange:
+    """One range of sizes of a range-dispatched op, and the choices benchmarked for it.
+
+    ``input_gen_fns`` (by tensor-input index) make benchmark inputs whose
+    dispatched dimension is the top of the range; ``name`` is the range's
+    autotuning name (the op's, with the range).
+    """
+
+    bounds: RangeBounds
+    name: str
+    choices: list[Any]
+    input_gen_fns: dict[int, Callable[[Any], torch.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RangeDispatch:
+    """How a range-dispatched collective node is lowered once its ranges are decided.
+
+    ``lower`` takes the winning choice of each range, in ``ranges`` order,
+    and lowers the dispatch to them (registering its operations in
+    ``V.graph``); it returns None when tracing the dispatch adds guards.
+    ``on`` names the dispatched size, e.g. ``x.size(0)``.
+    """
+
+    on: str
+    ranges: list[CollectiveRange]
+    lower: Callable[[list[Any]], ir.TensorBox | None]
+
+
 def defer_collective_choices(
     name: str,
     choices: Sequence[Any],
     inputs: Sequence[ir.IRNode],
     input_gen_fns: dict[int, Callable[[Any], torch.Tensor]] | None,
+    layout: ir.Layout,
     min_speedup_threshold: float = 1.0,
 ) -> ir.TensorBox:
     """The lowering of a collective custom op under V2: a node holding every choice.
 
     Called while lowering the op's FX node (``V.graph.current_node``), which
     the scheduler uses to find the op's pointwise epilogue.  ``choices`` are
-    the op's ``ChoiceCaller``s, the eager default included.
+    the op's ``ChoiceCaller``s, the eager default included; ``layout`` is the
+    op's output layout on ``inputs`` (symbolic where their sizes are).
     """
+    return _deferred(
+        name, choices, inputs, input_gen_fns or {}, layout, min_speedup_threshold
+    )
+
+
+def defer_collective_range_choices(
+    name: str,
+    ranges: Sequence[CollectiveRange],
+    inputs: Sequence[ir.IRNode],
+    layout: ir.Layout,
+    lower: Callable[[list[Any]], ir.TensorBox | None],
+    min_speedup_threshold: float = 1.0,
+    *,
+    dispatch_on: str,
+) -> ir.TensorBox:
+    """The lowering of a range-dispatched collective custom op under V2.
+
+    As :func:`defer_collective_choices`, with one set of choices per range;
+    the scheduler agrees on every range's winner in the group's one session
+    and calls ``lower`` with them (see :class:`RangeDispatch`).
+    """
+    return _deferred(
+        name,
+        [choice for collective_range in ranges for choice in collective_range.choices],
+        inputs,
+        {},
+        layout,
+        min_speedup_threshold,
+        RangeDispatch(dispatch_on, list(ranges), lower),
+    )
+
+
+def _deferred(
+    name: str,
+    choices: Sequence[Any],
+    inputs: Sequence[ir.IRNode],
+    input_gen_fns: dict[int, Callable[[Any], torch.Tensor]],
+    layout: ir.Layout,
+    min_speedup_threshold: float,
+    range_dispatch: RangeDispatch | None = None,
+) -> ir.TensorBox:
     # Peers wait at the scheduler's join for as long as this rank beats: from
     # now on, the rest of this graph's lowering cannot make it look lost.
     ensure_heartbeat()
     buffer = ir.CollectiveMultiTemplateBuffer(
-        choices[0].layout,
+        layout,
         list(inputs),
         list(choices),
         op_name=name,
-        input_gen_fns=input_gen_fns or {},
+        input_gen_fns=input_gen_fns,
         fx_node=V.graph.current_node,
         min_speedup_threshold=min_speedup_threshold,
+        range_dispatch=range_dispatch,
     )
     return ir.TensorBox.create(buffer)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Tunable:
+    """What a group decides on: a node's choice, or one range's of a range-dispatched node."""
+
+    node: ir.CollectiveMultiTemplateBuffer
+    choices: Sequence[Any]
+    input_gen_fns: dict[int, Callable[[Any], torch.Tensor]]
+    epilogue: Epilogue | None
+    range: CollectiveRange | None = None
+
+    @property
+    def op_name(self) -> str:
+        # As V1 names the autotuning of one range.
+        return self.node.op_name if self.range is None else self.range.name
+
+    def describe_range(self) -> str:
+        dispatch = self.node.range_dispatch
+        if self.range is None or dispatch is None:
+            return ""
+        return f" for {dispatch.on} in {self.range.bounds}"
+
+
+def _tunables(node: ir.CollectiveMultiTemplateBuffer) -> list[_Tunable]:
+    dispatch = node.range_dispatch
+    if dispatch is None:
+        return [
+            _Tunable(
+                node, node.choices, node.input_gen_fns, epilogue_to_time_with(node)
+            )
+        ]
+    # A range's winner runs inside the dispatch (a torch.cond branch when the
+    # ranges' winners differ), where it cannot fuse with what follows the
+    # node: each range is timed alone.
+    return [
+        _Tunable(node, r.choices, r.input_gen_fns, None, r) for r in dispatch.ranges
+    ]
 
 
 def finalize_collective_multi_template_buffers(
@@ -166,311 +312,101 @@ def finalize_collective_multi_template_buffers(
     scheduler for the same program.  Returns the graph's operations with each
     :class:`~torch._inductor.ir.CollectiveMultiTemplateBuffer` replaced, in
     place, by the operations of its winner (the eager default when no
-    candidate qualified on every rank).  Raises ``CollectiveBenchmarkError``
-    on every healthy rank of a group when a member is lost or the members hold
-    different nodes.
+    candidate qualified on every rank), or of the dispatch to the winners of
+    its ranges.  Raises ``CollectiveBenchmarkError`` on every healthy rank of
+    a group when a member is lost or the members hold different nodes.
     """
     nodes = [
         op for op in operations if isinstance(op, ir.CollectiveMultiTemplateBuffer)
     ]
     if not nodes:
         return operations
-    by_group: dict[str, list[ir.CollectiveMultiTemplateBuffer]] = {}
+    by_group: dict[str, list[_Tunable]] = {}
+    tunables_of: dict[str, list[_Tunable]] = {}
     for node in nodes:
         # A node whose candidates name no group (only the eager default
         # communicates) runs on the default group.
         group_name = (
             collective_group_name(node.choices) or resolve_group(None).group_name
         )
-        by_group.setdefault(group_name, []).append(node)
+        tunables_of[node.get_name()] = _tunables(node)
+        by_group.setdefault(group_name, []).extend(tunables_of[node.get_name()])
     benchmark_config = CollectiveBenchmarkConfig.from_inductor_config()
-    winners = {}
+    winners: dict[_Tunable, Any] = {}
     for group_name in sorted(by_group):
-        group_nodes = by_group[group_name]
-        # Identical nodes (equal tuning keys) share one benchmark and decision.
-        sharing: dict[
-            str, list[tuple[ir.CollectiveMultiTemplateBuffer, _Epilogue | None]]
-        ] = {}
-        for node in group_nodes:
-            epilogue = _epilogue_to_time_with(node)
-            sharing.setdefault(_tuning_key(node, epilogue), []).append((node, epilogue))
-        # The key of each benchmarked op names the nodes it stands for, so the
-        # join also checks that every rank holds the same list of nodes.
-        position = {node.get_name(): i for i, node in enumerate(group_nodes)}
+        group_tunables = by_group[group_name]
+        # Identical tunables (equal tuning keys) share one benchmark and decision.
+        sharing: dict[str, list[_Tunable]] = {}
+        for tunable in group_tunables:
+            sharing.setdefault(_tuning_key(tunable), []).append(tunable)
+        # The key of each benchmarked op names the nodes it stands for (and
+        # its range), so the join also checks that every rank holds the same
+        # list of them.
+        names = dict.fromkeys(tunable.node.get_name() for tunable in group_tunables)
+        position = {name: i for i, name in enumerate(names)}
         ops = [
             _op_to_tune(
-                *members[0], key, [position[node.get_name()] for node, _ in members]
+                members[0],
+                key,
+                [position[member.node.get_name()] for member in members],
             )
             for key, members in sharing.items()
         ]
-        device = group_nodes[0].get_device()
+        device = group_tunables[0].node.get_device()
         assert device is not None  # a collective node's output has a device
         benchmarker = CollectiveBenchmarker(group_name, benchmark_config, device)
-        decisions = benchmarker.run_batch(ops)
-        counters["collective_autotuning"]["shared"] += len(group_nodes) - len(sharing)
-        for members, op, decision in zip(sharing.values(), ops, decisions, strict=True):
-            for node, _ in members:
-                # Identical nodes list the same choices in the same order.
-                timings = {
-                    choice: decision.time_ms(c.name)
-                    for choice, c in zip(node.choices, op.candidates, strict=True)
-                }
-                # The op's eager implementation; None when it was registered
-                # with include_fallback=False.
-                default = next(
-                    (
-                        choice
-                        for choice, c in zip(node.choices, op.candidates, strict=True)
-                        if c.is_default
-                    ),
-                    None,
-                )
-                winner = select_winner(
-                    timings, node.choices, benchmark_config.tie_tolerance
-                )
-                if winner is None:
-                    # nothing qualified on every rank: what V1 falls back to
-                    winner = default if default is not None else node.choices[0]
-                if default is not None:
-                    winner = _apply_speedup_threshold(
-                        winner, default, timings, node.min_speedup_threshold
-                    )
-                winners[node.get_name()] = _report(node, winner, timings)
+        agreed = benchmarker.run_batch(ops)
+        counters["collective_autotuning"]["shared"] += len(group_tunables) - len(
+            sharing
+        )
+        for members, op, outcome in zip(sharing.values(), ops, agreed, strict=True):
+            for member in members:
+                winners[member] = _agreed_winner(member, op, outcome, benchmark_config)
     # Inline every winner first and splice afterwards: operation names come
     # from the length of V.graph.operations, which must not shrink while ops
     # are still being registered.
     replacements = [
-        (node, *_inline_winner(node, winners[node.get_name()])) for node in nodes
+        (
+            node,
+            *_inline_winners(node, [winners[t] for t in tunables_of[node.get_name()]]),
+        )
+        for node in nodes
     ]
     for node, new_ops, out_buffer in replacements:
         _splice(node, new_ops, out_buffer)
     return V.graph.operations
 
 
-# --- candidates with their epilogue --------------------------------------------------
-# Pointwise arithmetic whose generated code does not depend on the value of a
-# scalar operand (one instruction whatever the constant), so that nodes whose
-# epilogues differ only in such constants measure the same thing.  Any other
-# constant (an exponent, a rounding mode, a clamp bound that may fold) stays
-# in the key.  Value-dependent simplifications (x + 0, x * 1) are made by the
-# post-grad passes, before the epilogue is read.
-_VALUE_FREE_SCALAR_OPS = frozenset(
-    {
-        torch.ops.aten.add,
-        torch.ops.aten.sub,
-        torch.ops.aten.mul,
-        torch.ops.aten.div,
-        torch.ops.aten.rsub,
-    }
-)
+# --- what is benchmarked ------------------------------------------------------------
+def _tuning_key(tunable: _Tunable) -> str:
+    # What the tunable's candidates compute, on which layouts, and what they
+    # are timed with: tunables with equal keys measure the same thing.  A
+    # node without an epilogue or range measures what V1 measures (see
+    # benchmark_collective_choices), so the two share remembered decisions;
+    # a range is measured at sizes of its own.
+    epilogue = tunable.epilogue
+    timed_with = epilogue.structure if epilogue is not None else "alone"
+    return f"{choices_identity(tunable.choices)}|{timed_with}{tunable.describe_range()}"
 
 
-@dataclasses.dataclass
-class _Epilogue:
-    """The pointwise single-user chain after a collective node, as a graph of its own."""
-
-    gm: torch.fx.GraphModule  # (node output, *extra inputs) -> epilogue output
-    extra_inputs: list[ir.IRNode]
-    layout: ir.FixedLayout
-    key: str  # its ops, for names and logs
-    structure: str  # what timing can depend on: ops, arguments, input layouts
-
-    @staticmethod
-    def find(node: ir.CollectiveMultiTemplateBuffer) -> _Epilogue | None:
-        fx_node = node.fx_node
-        if fx_node is None:
-            return None
-        chain: list[torch.fx.Node] = []
-        extras: dict[torch.fx.Node, ir.IRNode] = {}
-        current = fx_node
-        while len(current.users) == 1:
-            (user,) = current.users
-            if not (
-                user.op == "call_function"
-                and isinstance(user.target, torch._ops.OpOverload)
-                and torch.Tag.pointwise in user.target.tags
-                and isinstance(user.meta.get("val"), torch.Tensor)
-            ):
-                break
-            new_extras = {
-                arg: _lowered_input(arg)
-                for arg in user.all_input_nodes
-                if arg is not current
-            }
-            if any(value is None for value in new_extras.values()):
-                break
-            extras.update(
-                {
-                    arg: value
-                    for arg, value in new_extras.items()
-                    if arg not in extras and value is not None  # none is, see above
-                }
-            )
-            chain.append(user)
-            current = user
-        if not chain:
-            return None
-        graph = torch.fx.Graph()
-        env = {fx_node: graph.placeholder("collective_output")}
-        for i, arg in enumerate(extras):
-            env[arg] = graph.placeholder(f"epilogue_input_{i}")
-        for user in chain:
-            env[user] = graph.node_copy(user, lambda arg: env[arg])
-        graph.output(env[chain[-1]])
-        value = chain[-1].meta["val"]
-        layout = ir.FixedLayout(
-            device=value.device,
-            dtype=value.dtype,
-            size=convert_shape_to_inductor(value.shape),
-            stride=convert_shape_to_inductor(value.stride()),
-        )
-        key = "+".join(str(user.target) for user in chain)
-        return _Epilogue(
-            torch.fx.GraphModule(torch.nn.Module(), graph),
-            list(extras.values()),
-            layout,
-            key,
-            _structure(fx_node, chain, extras),
-        )
-
-
-def _structure(
-    fx_node: torch.fx.Node,
-    chain: list[torch.fx.Node],
-    extras: dict[torch.fx.Node, ir.IRNode],
-) -> str:
-    names = {fx_node: "out", **{arg: f"in{i}" for i, arg in enumerate(extras)}}
-    names.update({user: f"t{j}" for j, user in enumerate(chain)})
-    parts = []
-    for user in chain:
-        target = user.target
-        assert isinstance(target, torch._ops.OpOverload)  # as _Epilogue.find checked
-        value_free = target.overloadpacket in _VALUE_FREE_SCALAR_OPS
-
-        def describe(value: Any, value_free: bool = value_free) -> str:
-            if isinstance(value, torch.fx.Node):
-                return names[value]
-            if (
-                value_free
-                and isinstance(value, (int, float))
-                and not isinstance(value, bool)
-            ):
-                return type(value).__name__
-            return repr(value)
-
-        args = torch.fx.node.map_aggregate(user.args, describe)
-        kwargs = torch.fx.node.map_aggregate(dict(user.kwargs), describe)
-        parts.append(f"{names[user]}={user.target}{args}{kwargs}")
-    parts += [
-        f"in{i}:{value.get_size()},{value.get_stride()},{value.get_dtype()}"
-        for i, value in enumerate(extras.values())
+def _benchmark_shapes(tunable: _Tunable) -> list[tuple[int, ...]]:
+    # The concrete shapes the candidates are benchmarked at: the size hints,
+    # or what the input generators make (a range's top size).  A subgraph
+    # choice holds its benchmark inputs; every deferred tunable has one
+    # (its collectives are found in the choices' graphs).
+    for choice in tunable.choices:
+        inputs = getattr(choice, "benchmark_inputs", None)
+        if inputs is not None:
+            return [tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]
+    return [
+        tuple(V.graph.sizevars.optimization_hints(inp.get_size()))
+        for inp in tunable.node.original_inputs
     ]
-    return "; ".join(parts)
 
 
-def _epilogue_to_time_with(node: ir.CollectiveMultiTemplateBuffer) -> _Epilogue | None:
-    # A candidate whose output comes from an op Inductor generates no code
-    # for (a collective's wait, an extern kernel, the eager default) ends in
-    # a buffer of its own, and the epilogue then runs as a kernel of its own
-    # after it: the same time added to every such candidate, which cannot
-    # change their ranking.  Only a tail of generated code can fuse with the
-    # epilogue; when no candidate has one, the candidates are timed alone,
-    # which costs no epilogue compilation and measures what V1 measures.
-    epilogue = _Epilogue.find(node)
-    if epilogue is None or not any(_tail_may_fuse(choice) for choice in node.choices):
-        return None
-    return epilogue
-
-
-def _tail_may_fuse(choice: Any) -> bool:
-    gm = getattr(choice, "gm", None)
-    if gm is None:
-        return False
-    (output,) = (n for n in gm.graph.nodes if n.op == "output")
-    value = output.args[0]
-    value = value[0] if isinstance(value, (list, tuple)) else value
-    return (
-        isinstance(value, torch.fx.Node)
-        and value.op == "call_function"
-        and isinstance(value.target, torch._ops.OpOverload)
-        and value.target.namespace == "aten"
-    )
-
-
-def _lowered_input(arg: torch.fx.Node) -> ir.IRNode | None:
-    # An epilogue's other inputs become benchmark inputs, so they must be
-    # buffers that exist before the op: graph inputs, or values the lowering
-    # still holds (the FX interpreter frees a value after its last use).
-    if arg.op == "placeholder":
-        value = V.graph.graph_inputs.get(str(arg.target))
-    else:
-        value = V.graph.env.get(arg)
-    if value is None or not ir.is_storage_and_layout(value):
-        return None
-    return value
-
-
-def _trace(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from torch._inductor.decomposition import select_decomp_table
-
-    return make_fx(
-        fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic"
-    )(*args)
-
-
-def _with_epilogue_caller(
-    choice: Any, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue
-) -> Any:
-    """A subgraph choice that runs ``choice`` (``None``: nothing) and then the epilogue."""
-    from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
-
-    run: Callable[..., Any]
-    if choice is None:
-        inputs: list[Any] = [ir.TensorBox.create(node)]
-
-        def run(out: torch.Tensor, *extra: torch.Tensor) -> Any:
-            return torch.fx.Interpreter(epilogue.gm).run(out, *extra)
-
-        name = f"{node.op_name}_epilogue"
-    else:
-        inputs = list(choice.input_nodes)
-        count = len(inputs)
-
-        def run(*args: torch.Tensor) -> Any:
-            out = torch.fx.Interpreter(choice.gm).run(*args[:count])
-            return torch.fx.Interpreter(epilogue.gm).run(out, *args[count:])
-
-        name = f"{choice.name}_with_epilogue"
-    # The epilogue's inputs are IRNodes that its lowering held (TensorBoxes).
-    input_nodes: list[Any] = [*inputs, *epilogue.extra_inputs]
-    return SubgraphChoiceCaller(
-        name=name,
-        input_nodes=input_nodes,
-        layout=epilogue.layout,
-        description=f"{name} ({epilogue.key})",
-        make_fx_graph=functools.partial(_trace, run),
-    )
-
-
-def _tuning_key(
-    node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None
-) -> str:
-    # What the node's candidates compute, on which layouts, and what they are
-    # timed with: nodes with equal keys measure the same thing.  A node
-    # without an epilogue measures what V1 measures (see
-    # benchmark_collective_choices), so the two share remembered decisions.
-    return f"{choices_identity(node.choices)}|{epilogue.structure if epilogue is not None else 'alone'}"
-
-
-def _op_to_tune(
-    node: ir.CollectiveMultiTemplateBuffer,
-    epilogue: _Epilogue | None,
-    tuning_key: str,
-    nodes: list[int],
-) -> OpToTune:
-    runners = _NodeRunners(node, epilogue)
+def _op_to_tune(tunable: _Tunable, tuning_key: str, positions: list[int]) -> OpToTune:
+    node, epilogue = tunable.node, tunable.epilogue
+    runners = _Runners(tunable)
     candidates = [
         Candidate(
             name,
@@ -478,47 +414,58 @@ def _op_to_tune(
             is_default,
             functools.partial(runners.prepare, index),
         )
-        for index, (name, is_default) in enumerate(candidate_names(node.choices))
+        for index, (name, is_default) in enumerate(candidate_names(tunable.choices))
     ]
     shapes = [(tuple(inp.get_size()), inp.get_dtype()) for inp in node.original_inputs]
+    at = _benchmark_shapes(tunable)
+    # Symbolic shapes are benchmarked at their hints, which every rank must
+    # share: the key says which, so that ranks that differ fail at the join.
+    benchmarked = (
+        "" if at == [shape for shape, _ in shapes] else f" benchmarked at {at}"
+    )
     then = f" then {epilogue.key}" if epilogue is not None else ""
     return OpToTune(
-        f"{node.op_name} {shapes}{then} (the group's collective nodes {nodes})",
+        f"{tunable.op_name} {shapes}{tunable.describe_range()}{benchmarked}{then} "
+        f"(the group's collective nodes {positions})",
         candidates,
         memo_key=tuning_key,
     )
 
 
-class _NodeRunners:
-    """What times a node's candidates, built on first use.
+class _Runners:
+    """What times a tunable's candidates, built on first use.
 
     Benchmark inputs are allocated and candidates traced and compiled only
-    for a node the group benchmarks: one whose decision every rank remembers,
-    or that shares its tuning key with an earlier node, costs none of it.
+    for a tunable the group benchmarks: one that a rank remembers, or that
+    shares its tuning key with an earlier one, costs none of it.
     """
 
-    def __init__(
-        self, node: ir.CollectiveMultiTemplateBuffer, epilogue: _Epilogue | None
-    ) -> None:
-        self.node, self.epilogue = node, epilogue
+    def __init__(self, tunable: _Tunable) -> None:
+        self.tunable = tunable
 
     @functools.cached_property
     def candidates(self) -> list[Candidate]:
         from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
-        node = self.node
-        layout = node.layout
-        assert isinstance(layout, ir.Layout)  # it is constructed with one
+        tunable = self.tunable
+        node = tunable.node
+        # The first choice's layout, as V1 benchmarks: concrete, at the size
+        # hints or the range's size (the node's own may be symbolic).
         args = AlgorithmSelectorCache.get_inputs(
-            node.choices, list(node.original_inputs), layout, node.input_gen_fns
+            tunable.choices,
+            list(node.original_inputs),
+            tunable.choices[0].layout,
+            tunable.input_gen_fns,
         )
         candidates, _ = collective_candidates(
-            node.choices,
+            tunable.choices,
             args,
             uses_layout_preserving_inputs=AlgorithmSelectorCache._uses_layout_preserving_inputs,
         )
-        if self.epilogue is not None:
-            candidates = _time_with_epilogue(node, candidates, args, self.epilogue)
+        if tunable.epilogue is not None:
+            candidates = time_with_epilogue(
+                node, tunable.choices, candidates, args, tunable.epilogue
+            )
         return candidates
 
     def prepare(self, index: int) -> None:
@@ -530,57 +477,39 @@ class _NodeRunners:
         return self.candidates[index].fn()
 
 
-def _time_with_epilogue(
-    node: ir.CollectiveMultiTemplateBuffer,
-    candidates: list[Candidate],
-    args: Any,
-    epilogue: _Epilogue,
-) -> list[Candidate]:
-    from torch._inductor.select_algorithm import AlgorithmSelectorCache
-
-    inputs, _ = args.get_benchmark_tensors(True).unpack()
-    extras = [
-        AlgorithmSelectorCache.benchmark_example_value(value)
-        for value in epilogue.extra_inputs
-    ]
-    epilogue_out = AlgorithmSelectorCache.benchmark_example_value(epilogue.layout)
-    epilogue_only = None
-    timed = []
-    fn: Callable[[], Any]
-    for choice, candidate in zip(node.choices, candidates, strict=True):
-        if getattr(choice, "gm", None) is not None:
-            # Compiled together: the candidate's tail fuses with the epilogue
-            # exactly as it will once the winner is inlined.
-            fused = _with_epilogue_caller(choice, node, epilogue)
-
-            def fn(fused: Any = fused) -> Any:
-                return fused.benchmark_collective(*inputs, *extras, out=epilogue_out)
-
-            prepare = fused._ensure_compiled
-        else:
-            if epilogue_only is None:
-                epilogue_only = _with_epilogue_caller(None, node, epilogue)
-            alone = epilogue_only
-
-            def fn(run: Callable[[], Any] = candidate.fn, alone: Any = alone) -> Any:
-                return alone.benchmark_collective(
-                    first_tensor(run()), *extras, out=epilogue_out
-                )
-
-            prepare = _both(candidate.prepare, alone._ensure_compiled)
-        timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
-    return timed
-
-
-def _both(
-    first: Callable[[], Any] | None, second: Callable[[], Any]
-) -> Callable[[], None]:
-    def prepare() -> None:
-        if first is not None:
-            first()
-        second()
-
-    return prepare
+# --- the agreed winner ---------------------------------------------------------------
+def _agreed_winner(
+    tunable: _Tunable,
+    op: OpToTune,
+    outcome: CollectiveDecision,
+    benchmark_config: CollectiveBenchmarkConfig,
+) -> Any:
+    # Identical tunables list the same choices in the same order, so the
+    # candidates of the one benchmarked stand for each member's choices.
+    choices = tunable.choices
+    timings = {
+        choice: outcome.time_ms(c.name)
+        for choice, c in zip(choices, op.candidates, strict=True)
+    }
+    # The op's eager implementation; None when it was registered with
+    # include_fallback=False.
+    default = next(
+        (
+            choice
+            for choice, c in zip(choices, op.candidates, strict=True)
+            if c.is_default
+        ),
+        None,
+    )
+    winner = select_winner(timings, choices, benchmark_config.tie_tolerance)
+    if winner is None:
+        # nothing qualified on every rank: what V1 falls back to
+        winner = default if default is not None else choices[0]
+    if default is not None:
+        winner = _apply_speedup_threshold(
+            winner, default, timings, tunable.node.min_speedup_threshold
+        )
+    return _report(tunable, winner, timings)
 
 
 def _apply_speedup_threshold(
@@ -597,9 +526,7 @@ def _apply_speedup_threshold(
     return default
 
 
-def _report(
-    node: ir.CollectiveMultiTemplateBuffer, winner: Any, timings: dict[Any, float]
-) -> Any:
+def _report(tunable: _Tunable, winner: Any, timings: dict[Any, float]) -> Any:
     # The hooks autotune_select_algorithm calls after benchmarking, so that
     # tools built on them see both paths alike.  The timings are the agreed
     # ones (with the epilogue under this path), the same on every rank.
@@ -613,9 +540,9 @@ def _report(
     for feedback in get_algorithm_selector_cache().feedback_saver_fns:
         feedback(
             timings,
-            node.op_name,
-            list(node.original_inputs),
-            node.choices,
+            tunable.op_name,
+            list(tunable.node.original_inputs),
+            list(tunable.choices),
             profiled_time_fn,
             {},
         )
@@ -623,36 +550,71 @@ def _report(
 
 
 # --- replacing a node with its winner ----------------------------------------------
-def _inline_winner(
-    node: ir.CollectiveMultiTemplateBuffer, winner: Any
-) -> tuple[list[ir.Operation], ir.OperationBuffer]:
-    from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
+@contextlib.contextmanager
+def _lowering_of(node: ir.CollectiveMultiTemplateBuffer) -> Iterator[None]:
+    # The state the op's lowering ran in.  Lowering code reads the FX node
+    # being lowered; outside of lowering it is the node's own.  And while the
+    # op's autotuning lowering runs, a call of the op itself (the graph of a
+    # config without a decomposition, a range won by the eager default)
+    # lowers as the op, not through that lowering again (graph.py's recursion
+    # guard), which would defer it anew, past its group's session.
+    target = node.fx_node.target if node.fx_node is not None else None
+    guarded = V.active_user_lowering_ops
+    guard = target is not None and target not in guarded
+    if guard:
+        guarded.add(target)
+    try:
+        with (
+            ir.IRNode.current_origins(node.origins),
+            # None when the node was made outside lowering: as there, no FX node.
+            V.set_current_node(node.fx_node),  # type: ignore[arg-type]
+        ):
+            yield
+    finally:
+        if guard:
+            guarded.discard(target)
 
+
+def _inline_winners(
+    node: ir.CollectiveMultiTemplateBuffer, winners: list[Any]
+) -> tuple[list[ir.Operation], ir.OperationBuffer]:
+    # The operations that replace the node (registered in V.graph), and the
+    # buffer among them that takes its place.
     registered = len(V.graph.operations)
-    # Lowering code reads the FX node being lowered; outside of lowering it is
-    # the node's own.
-    with (
-        ir.IRNode.current_origins(node.origins),
-        # None when the node was made outside lowering: as there, no FX node.
-        V.set_current_node(node.fx_node),  # type: ignore[arg-type]
-    ):
-        if getattr(winner, "gm", None) is not None:
-            result = inline_subgraph_to_ir_nodes(
-                winner.gm, list(node.original_inputs), node.op_name
-            )
-            layout = node.layout
-            assert isinstance(layout, ir.Layout)  # it is constructed with one
-            out_buffer = _materialize(result, layout)
-            if winner.config_patches:
-                for op in V.graph.operations[registered:]:
-                    op.set_config_patches(winner.config_patches.copy())
+    layout = node.layout
+    assert isinstance(layout, ir.Layout)  # it is constructed with one
+    with _lowering_of(node):
+        dispatch = node.range_dispatch
+        if dispatch is not None:
+            result = dispatch.lower(winners)
+            if result is None:
+                # Every rank traces the same dispatch: all raise alike.
+                raise RuntimeError(
+                    f"the range dispatch of {node.op_name} adds guards; "
+                    "it cannot be lowered once its ranges are decided"
+                )
+            out_buffer: ir.OperationBuffer = _materialize(result, layout)
         else:
-            out_buffer = winner.output_node().data.data
-            out_buffer.layout = node.layout
+            (winner,) = winners
+            if getattr(winner, "gm", None) is not None:
+                from torch._inductor.codegen.subgraph import (
+                    inline_subgraph_to_ir_nodes,
+                )
+
+                result = inline_subgraph_to_ir_nodes(
+                    winner.gm, list(node.original_inputs), node.op_name
+                )
+                out_buffer = _materialize(result, layout)
+                if winner.config_patches:
+                    for op in V.graph.operations[registered:]:
+                        op.set_config_patches(winner.config_patches.copy())
+            else:
+                out_buffer = winner.output_node().data.data
+                out_buffer.layout = layout
     log.debug(
         "collective node %s: inlined %s",
         node.get_name(),
-        getattr(winner, "name", winner),
+        [getattr(winner, "name", winner) for winner in winners],
     )
     return V.graph.operations[registered:], out_buffer
 

@@ -1,0 +1,303 @@
+"""The pointwise epilogue a deferred collective choice is timed with.
+
+Under the scheduler path (``collective_autotuning.py``), each candidate of a
+collective custom op is timed together with the op's *epilogue*: the chain
+of pointwise single users that follows the op in the post-grad graph.  A
+candidate whose tail is generated code (a pointwise op) is compiled together
+with the epilogue, so its tail is timed fused with it, as it will run once
+inlined; a candidate whose output comes from an op Inductor generates no
+code for (a collective's wait, the eager default) is followed by the
+epilogue compiled alone, a kernel of its own, as it will run too.
+
+When no candidate's tail can fuse, the epilogue would add the same kernel to
+every candidate, which cannot change their ranking: the candidates are then
+timed alone, at no epilogue compilation, measuring what V1 measures.
+
+Sizes may be symbolic (a dynamic-shape graph): the epilogue's layout is the
+graph's, and candidates compiled with it are benchmarked at the size hints,
+like every deferred candidate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, TYPE_CHECKING
+
+import torch
+from torch._inductor import ir
+from torch._inductor.runtime.collective_decisions import first_tensor
+from torch._inductor.utils import convert_shape_to_inductor
+from torch._inductor.virtualized import V
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from torch._inductor.runtime.collective_benchmarking import Candidate
+
+
+__all__ = ["Epilogue", "epilogue_to_time_with", "time_with_epilogue"]
+
+
+# Pointwise arithmetic whose generated code does not depend on the value of a
+# scalar operand (one instruction whatever the constant), so that nodes whose
+# epilogues differ only in such constants measure the same thing.  Any other
+# constant (an exponent, a rounding mode, a clamp bound that may fold) stays
+# in the key.  Value-dependent simplifications (x + 0, x * 1) are made by the
+# post-grad passes, before the epilogue is read.
+_VALUE_FREE_SCALAR_OPS = frozenset(
+    {
+        torch.ops.aten.add,
+        torch.ops.aten.sub,
+        torch.ops.aten.mul,
+        torch.ops.aten.div,
+        torch.ops.aten.rsub,
+    }
+)
+
+
+@dataclasses.dataclass
+class Epilogue:
+    """The pointwise single-user chain after a collective node, as a graph of its own."""
+
+    gm: torch.fx.GraphModule  # (node output, *extra inputs) -> epilogue output
+    extra_inputs: list[ir.IRNode]
+    layout: ir.FixedLayout
+    key: str  # its ops, for names and logs
+    structure: str  # what timing can depend on: ops, arguments, input layouts
+
+    @staticmethod
+    def find(node: ir.CollectiveMultiTemplateBuffer) -> Epilogue | None:
+        """The epilogue of ``node`` in the graph being lowered; None when it has none."""
+        fx_node = node.fx_node
+        if fx_node is None:
+            return None
+        chain: list[torch.fx.Node] = []
+        extras: dict[torch.fx.Node, ir.IRNode] = {}
+        current = fx_node
+        while len(current.users) == 1:
+            (user,) = current.users
+            if not (
+                user.op == "call_function"
+                and isinstance(user.target, torch._ops.OpOverload)
+                and torch.Tag.pointwise in user.target.tags
+                and isinstance(user.meta.get("val"), torch.Tensor)
+            ):
+                break
+            new_extras = {
+                arg: _lowered_input(arg)
+                for arg in user.all_input_nodes
+                if arg is not current
+            }
+            if any(value is None for value in new_extras.values()):
+                break
+            extras.update(
+                {
+                    arg: value
+                    for arg, value in new_extras.items()
+                    if arg not in extras and value is not None  # none is, see above
+                }
+            )
+            chain.append(user)
+            current = user
+        if not chain:
+            return None
+        graph = torch.fx.Graph()
+        env = {fx_node: graph.placeholder("collective_output")}
+        for i, arg in enumerate(extras):
+            env[arg] = graph.placeholder(f"epilogue_input_{i}")
+        for user in chain:
+            env[user] = graph.node_copy(user, lambda arg: env[arg])
+        graph.output(env[chain[-1]])
+        value = chain[-1].meta["val"]
+        layout = ir.FixedLayout(
+            device=value.device,
+            dtype=value.dtype,
+            size=convert_shape_to_inductor(value.shape),
+            stride=convert_shape_to_inductor(value.stride()),
+        )
+        key = "+".join(str(user.target) for user in chain)
+        return Epilogue(
+            torch.fx.GraphModule(torch.nn.Module(), graph),
+            list(extras.values()),
+            layout,
+            key,
+            _structure(fx_node, chain, extras),
+        )
+
+
+def _structure(
+    fx_node: torch.fx.Node,
+    chain: list[torch.fx.Node],
+    extras: dict[torch.fx.Node, ir.IRNode],
+) -> str:
+    names = {fx_node: "out", **{arg: f"in{i}" for i, arg in enumerate(extras)}}
+    names.update({user: f"t{j}" for j, user in enumerate(chain)})
+    parts = []
+    for user in chain:
+        target = user.target
+        assert isinstance(target, torch._ops.OpOverload)  # as Epilogue.find checked
+        value_free = target.overloadpacket in _VALUE_FREE_SCALAR_OPS
+
+        def describe(value: Any, value_free: bool = value_free) -> str:
+            if isinstance(value, torch.fx.Node):
+                return names[value]
+            if (
+                value_free
+                and isinstance(value, (int, float))
+                and not isinstance(value, bool)
+            ):
+                return type(value).__name__
+            return repr(value)
+
+        args = torch.fx.node.map_aggregate(user.args, describe)
+        kwargs = torch.fx.node.map_aggregate(dict(user.kwargs), describe)
+        parts.append(f"{names[user]}={user.target}{args}{kwargs}")
+    parts += [
+        f"in{i}:{value.get_size()},{value.get_stride()},{value.get_dtype()}"
+        for i, value in enumerate(extras.values())
+    ]
+    return "; ".join(parts)
+
+
+def epilogue_to_time_with(node: ir.CollectiveMultiTemplateBuffer) -> Epilogue | None:
+    """The epilogue ``node``'s candidates are timed with; None: each is timed alone."""
+    # A candidate whose output comes from an op Inductor generates no code
+    # for (a collective's wait, an extern kernel, the eager default) ends in
+    # a buffer of its own, and the epilogue then runs as a kernel of its own
+    # after it: the same time added to every such candidate, which cannot
+    # change their ranking.  Only a tail of generated code can fuse with the
+    # epilogue; when no candidate has one, the candidates are timed alone,
+    # which costs no epilogue compilation and measures what V1 measures.
+    epilogue = Epilogue.find(node)
+    if epilogue is None or not any(_tail_may_fuse(choice) for choice in node.choices):
+        return None
+    return epilogue
+
+
+def _tail_may_fuse(choice: Any) -> bool:
+    gm = getattr(choice, "gm", None)
+    if gm is None:
+        return False
+    (output,) = (n for n in gm.graph.nodes if n.op == "output")
+    value = output.args[0]
+    value = value[0] if isinstance(value, (list, tuple)) else value
+    return (
+        isinstance(value, torch.fx.Node)
+        and value.op == "call_function"
+        and isinstance(value.target, torch._ops.OpOverload)
+        and value.target.namespace == "aten"
+    )
+
+
+def _lowered_input(arg: torch.fx.Node) -> ir.IRNode | None:
+    # An epilogue's other inputs become benchmark inputs, so they must be
+    # buffers that exist before the op: graph inputs, or values the lowering
+    # still holds (the FX interpreter frees a value after its last use).
+    if arg.op == "placeholder":
+        value = V.graph.graph_inputs.get(str(arg.target))
+    else:
+        value = V.graph.env.get(arg)
+    if value is None or not ir.is_storage_and_layout(value):
+        return None
+    return value
+
+
+def _trace(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch._inductor.decomposition import select_decomp_table
+
+    return make_fx(
+        fn, decomposition_table=select_decomp_table(), tracing_mode="symbolic"
+    )(*args)
+
+
+def _with_epilogue_caller(
+    choice: Any, node: ir.CollectiveMultiTemplateBuffer, epilogue: Epilogue
+) -> Any:
+    """A subgraph choice that runs ``choice`` (``None``: nothing) and then the epilogue."""
+    from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
+
+    run: Callable[..., Any]
+    if choice is None:
+        inputs: list[Any] = [ir.TensorBox.create(node)]
+
+        def run(out: torch.Tensor, *extra: torch.Tensor) -> Any:
+            return torch.fx.Interpreter(epilogue.gm).run(out, *extra)
+
+        name = f"{node.op_name}_epilogue"
+    else:
+        inputs = list(choice.input_nodes)
+        count = len(inputs)
+
+        def run(*args: torch.Tensor) -> Any:
+            out = torch.fx.Interpreter(choice.gm).run(*args[:count])
+            return torch.fx.Interpreter(epilogue.gm).run(out, *args[count:])
+
+        name = f"{choice.name}_with_epilogue"
+    # The epilogue's inputs are IRNodes that its lowering held (TensorBoxes).
+    input_nodes: list[Any] = [*inputs, *epilogue.extra_inputs]
+    return SubgraphChoiceCaller(
+        name=name,
+        input_nodes=input_nodes,
+        layout=epilogue.layout,
+        description=f"{name} ({epilogue.key})",
+        make_fx_graph=functools.partial(_trace, run),
+    )
+
+
+def time_with_epilogue(
+    node: ir.CollectiveMultiTemplateBuffer,
+    choices: Sequence[Any],
+    candidates: list[Candidate],
+    args: Any,
+    epilogue: Epilogue,
+) -> list[Candidate]:
+    """``candidates`` (one per choice, on the inputs ``args``) each followed by ``epilogue``."""
+    from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+    inputs, _ = args.get_benchmark_tensors(True).unpack()
+    extras = [
+        AlgorithmSelectorCache.benchmark_example_value(value)
+        for value in epilogue.extra_inputs
+    ]
+    epilogue_out = AlgorithmSelectorCache.benchmark_example_value(epilogue.layout)
+    epilogue_only = None
+    timed = []
+    fn: Callable[[], Any]
+    for choice, candidate in zip(choices, candidates, strict=True):
+        if getattr(choice, "gm", None) is not None:
+            # Compiled together: the candidate's tail fuses with the epilogue
+            # exactly as it will once the winner is inlined.
+            fused = _with_epilogue_caller(choice, node, epilogue)
+
+            def fn(fused: Any = fused) -> Any:
+                return fused.benchmark_collective(*inputs, *extras, out=epilogue_out)
+
+            prepare = fused._ensure_compiled
+        else:
+            if epilogue_only is None:
+                epilogue_only = _with_epilogue_caller(None, node, epilogue)
+            alone = epilogue_only
+
+            def fn(run: Callable[[], Any] = candidate.fn, alone: Any = alone) -> Any:
+                return alone.benchmark_collective(
+                    first_tensor(run()), *extras, out=epilogue_out
+                )
+
+            prepare = _both(candidate.prepare, alone._ensure_compiled)
+        timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
+    return timed
+
+
+def _both(
+    first: Callable[[], Any] | None, second: Callable[[], Any]
+) -> Callable[[], None]:
+    def prepare() -> None:
+        if first is not None:
+            first()
+        second()
+
+    return prepare
