@@ -105,6 +105,11 @@ def reset_for_a_test(rank: int) -> None:
     torch._dynamo.reset()
     counters.clear()
     use_rank_cache_dir(rank)
+    forget_remembered_decisions()
+
+
+def forget_remembered_decisions() -> None:
+    """Clear the collective decisions this process remembers (not those on disk)."""
     try:  # a prefix of the series may not remember decisions
         from torch._inductor.runtime import collective_decision_cache
     except ImportError:

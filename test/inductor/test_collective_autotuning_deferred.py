@@ -51,7 +51,7 @@ from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
 from torch.testing._internal.common_utils import run_tests
 
-from rank_processes import RankProcessesTestCase
+from rank_processes import forget_remembered_decisions, RankProcessesTestCase
 from test_collective_autotuning import (
     DELAY_MS,
     HANG_BOUND_S,
@@ -115,11 +115,10 @@ def forget_decisions() -> None:
     remembered in this process or stored in this rank's cache directory."""
     import shutil
 
-    from torch._inductor.runtime import collective_decision_cache
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     torch._dynamo.reset()
-    collective_decision_cache._remembered.clear()
+    forget_remembered_decisions()
     shutil.rmtree(os.path.join(cache_dir(), "collective_decisions"), ignore_errors=True)
 
 

@@ -122,16 +122,19 @@ from torch._inductor.collective_epilogue import (
 )
 from torch._inductor.runtime.collective_benchmarking import (
     Candidate,
-    candidate_names,
-    choices_identity,
     CollectiveBenchmarkConfig,
     CollectiveBenchmarker,
-    collective_candidates,
-    collective_group_name,
     CollectiveDecision,
     OpToTune,
     resolve_group,
     select_winner,
+)
+from torch._inductor.runtime.collective_choices import (
+    candidate_names,
+    choices_identity,
+    collective_candidates,
+    collective_group_name,
+    collective_signature,
 )
 from torch._inductor.runtime.collective_control import ensure_heartbeat
 from torch._inductor.virtualized import V
@@ -272,7 +275,13 @@ class _Tunable:
     node: ir.CollectiveMultiTemplateBuffer
     choices: Sequence[Any]
     input_gen_fns: dict[int, Callable[[Any], torch.Tensor]]
+    # What the candidates are timed with (see ``epilogue_to_time_with``), and
+    # what follows the node in the graph.  Keys name the latter: it is the
+    # same on every rank, while whether a candidate's tail may fuse is not
+    # for a candidate whose graph differs between ranks (which the join must
+    # tell apart from ranks tuning different ops).
     epilogue: Epilogue | None
+    follows: Epilogue | None
     range: CollectiveRange | None = None
 
     @property
@@ -290,16 +299,15 @@ class _Tunable:
 def _tunables(node: ir.CollectiveMultiTemplateBuffer) -> list[_Tunable]:
     dispatch = node.range_dispatch
     if dispatch is None:
-        return [
-            _Tunable(
-                node, node.choices, node.input_gen_fns, epilogue_to_time_with(node)
-            )
-        ]
+        follows = Epilogue.find(node)
+        timed_with = epilogue_to_time_with(node, follows)
+        return [_Tunable(node, node.choices, node.input_gen_fns, timed_with, follows)]
     # A range's winner runs inside the dispatch (a torch.cond branch when the
     # ranges' winners differ), where it cannot fuse with what follows the
     # node: each range is timed alone.
     return [
-        _Tunable(node, r.choices, r.input_gen_fns, None, r) for r in dispatch.ranges
+        _Tunable(node, r.choices, r.input_gen_fns, None, None, r)
+        for r in dispatch.ranges
     ]
 
 
@@ -384,8 +392,8 @@ def _tuning_key(tunable: _Tunable) -> str:
     # node without an epilogue or range measures what V1 measures (see
     # benchmark_collective_choices), so the two share remembered decisions;
     # a range is measured at sizes of its own.
-    epilogue = tunable.epilogue
-    timed_with = epilogue.structure if epilogue is not None else "alone"
+    follows = tunable.follows
+    timed_with = follows.structure if follows is not None else "alone"
     return f"{choices_identity(tunable.choices)}|{timed_with}{tunable.describe_range()}"
 
 
@@ -405,7 +413,7 @@ def _benchmark_shapes(tunable: _Tunable) -> list[tuple[int, ...]]:
 
 
 def _op_to_tune(tunable: _Tunable, tuning_key: str, positions: list[int]) -> OpToTune:
-    node, epilogue = tunable.node, tunable.epilogue
+    node, follows = tunable.node, tunable.follows
     runners = _Runners(tunable)
     candidates = [
         Candidate(
@@ -413,8 +421,11 @@ def _op_to_tune(tunable: _Tunable, tuning_key: str, positions: list[int]) -> OpT
             functools.partial(runners.run, index),
             is_default,
             functools.partial(runners.prepare, index),
+            signature=collective_signature(choice),
         )
-        for index, (name, is_default) in enumerate(candidate_names(tunable.choices))
+        for index, (choice, (name, is_default)) in enumerate(
+            zip(tunable.choices, candidate_names(tunable.choices), strict=True)
+        )
     ]
     shapes = [(tuple(inp.get_size()), inp.get_dtype()) for inp in node.original_inputs]
     at = _benchmark_shapes(tunable)
@@ -423,7 +434,7 @@ def _op_to_tune(tunable: _Tunable, tuning_key: str, positions: list[int]) -> OpT
     benchmarked = (
         "" if at == [shape for shape, _ in shapes] else f" benchmarked at {at}"
     )
-    then = f" then {epilogue.key}" if epilogue is not None else ""
+    then = f" then {follows.key}" if follows is not None else ""
     return OpToTune(
         f"{tunable.op_name} {shapes}{tunable.describe_range()}{benchmarked}{then} "
         f"(the group's collective nodes {positions})",

@@ -161,8 +161,13 @@ def _structure(
     return "; ".join(parts)
 
 
-def epilogue_to_time_with(node: ir.CollectiveMultiTemplateBuffer) -> Epilogue | None:
-    """The epilogue ``node``'s candidates are timed with; None: each is timed alone."""
+def epilogue_to_time_with(
+    node: ir.CollectiveMultiTemplateBuffer, epilogue: Epilogue | None
+) -> Epilogue | None:
+    """The epilogue ``node``'s candidates are timed with; None: each is timed alone.
+
+    ``epilogue`` is ``Epilogue.find(node)``.
+    """
     # A candidate whose output comes from an op Inductor generates no code
     # for (a collective's wait, an extern kernel, the eager default) ends in
     # a buffer of its own, and the epilogue then runs as a kernel of its own
@@ -170,7 +175,6 @@ def epilogue_to_time_with(node: ir.CollectiveMultiTemplateBuffer) -> Epilogue | 
     # change their ranking.  Only a tail of generated code can fuse with the
     # epilogue; when no candidate has one, the candidates are timed alone,
     # which costs no epilogue compilation and measures what V1 measures.
-    epilogue = Epilogue.find(node)
     if epilogue is None or not any(_tail_may_fuse(choice) for choice in node.choices):
         return None
     return epilogue
