@@ -276,10 +276,12 @@ class _Tunable:
     choices: Sequence[Any]
     input_gen_fns: dict[int, Callable[[Any], torch.Tensor]]
     # What the candidates are timed with (see ``epilogue_to_time_with``), and
-    # what follows the node in the graph.  Keys name the latter: it is the
-    # same on every rank, while whether a candidate's tail may fuse is not
-    # for a candidate whose graph differs between ranks (which the join must
-    # tell apart from ranks tuning different ops).
+    # what follows the node in the graph.  The op's key at the join names
+    # the latter: it is the same on every rank, while whether a candidate's
+    # tail may fuse is not for a candidate whose graph differs between ranks
+    # (which the join must tell apart from ranks tuning different ops).  The
+    # tuning key names the former, so that nodes timed alone share one
+    # benchmark (and V1's remembered decisions) whatever follows them.
     epilogue: Epilogue | None
     follows: Epilogue | None
     range: CollectiveRange | None = None
@@ -392,8 +394,8 @@ def _tuning_key(tunable: _Tunable) -> str:
     # node without an epilogue or range measures what V1 measures (see
     # benchmark_collective_choices), so the two share remembered decisions;
     # a range is measured at sizes of its own.
-    follows = tunable.follows
-    timed_with = follows.structure if follows is not None else "alone"
+    epilogue = tunable.epilogue
+    timed_with = epilogue.structure if epilogue is not None else "alone"
     return f"{choices_identity(tunable.choices)}|{timed_with}{tunable.describe_range()}"
 
 
