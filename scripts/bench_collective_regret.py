@@ -12,17 +12,52 @@ registered for the demo's ops (``scripts/demo_collective_autotuning.py``):
   confidence).
 * **The oracle**: every implementation compiled on its own, and the op's
   eager default, run interleaved for ``--oracle-runs`` rounds (every program
-  once per round, in a shuffled order that every rank shares); a program's
-  time in a round is its slowest rank's, and its time the median over the
-  rounds.  The oracle's best is the fastest program.
+  once per round, in a shuffled order that every rank shares).  A program's
+  time in a round is its slowest rank's; its time is the median over the
+  rounds.  The oracle's best is the program with the lowest median time, the
+  runner-up the second lowest.
 
-Per cell it prints the oracle's best and how far the runner-up is behind it,
-the autotuner's choices, the regret of each choice (its oracle time / the
-oracle's best - 1, averaged), the choice's time against the default's (the
-worst of the compiles), and how often the most frequent choice repeats.
-Then the targets: never slower than the default by more than 3% in any cell,
-mean regret at most 3%, and, where the oracle's best beats the runner-up by
-10% or more, the same choice in at least 4 of 5 compiles.
+The oracle's uncertainty (robust statistics only: medians of repeats, as
+Triton's autotuner uses, never means of timings):
+
+* **Each program's time**: the median with a distribution-free 95% confidence
+  interval from order statistics: ``[x(k), x(n+1-k)]`` of the n sorted
+  round times, with k the largest rank such that P(Binomial(n, 1/2) <= k-1)
+  <= 2.5%, so the interval covers the true median with probability >= 95%
+  whatever the distribution (exact binomial ranks, no bootstrap, no seed; at
+  least 6 rounds are needed).
+* **Comparisons are paired**: the rounds are interleaved, so for programs A
+  and B the script takes the ratio A/B within each round (slowest rank's
+  times, same round) and reports the median of these n ratios with the same
+  order-statistics 95% CI.  Drift of the machine between rounds cancels in
+  each ratio.  The intervals are per comparison (no multiple-comparison
+  correction).
+* A comparison is **resolvable** where its CI excludes 1; otherwise the
+  oracle cannot tell the two programs apart and the cell prints a **tie**.
+
+Per cell it prints the oracle's best (median [CI]), the runner-up's paired
+lead over it, the default's time, the autotuner's choices and, per distinct
+choice, its paired ratio to the oracle's best (regret: median ratio - 1, with
+its CI) and to the default, and how often the most frequent choice repeats;
+then each program's time with its CI.  Point estimates are always printed;
+the CI decides what counts:
+
+* **regret** of a compile: its choice's median ratio to the best - 1 where
+  the CI lies above 1, else 0 (a tie with the best, or the best itself, costs
+  nothing).  A cell's regret is the mean over its compiles; the point-estimate
+  mean (ties counted at their median ratio) is printed beside it.
+* **harm**: a choice whose ratio to the default has its CI above 1 (resolvably
+  slower than the default).  A cell violates the default target where a
+  harmful choice is more than 3% slower at the median (the number of cells
+  whose whole CI lies above 1.03 is printed too).
+* **clear cells**: the runner-up's paired ratio to the best is >= 1.10 at the
+  median and its CI lies above 1 (the best leads by >= 10%, resolvably).
+
+The targets: no cell violates the default target; the mean of the cells'
+regrets (ties as 0) is at most 3%; in every clear cell the most frequent
+choice repeats in at least 80% of the compiles (4 of 5 with the default
+``--compiles 5``).  Per world size it prints a matrix op x size with each
+cell's regret, its worst choice against the default and its repeat count.
 
 Usage:
   python scripts/bench_collective_regret.py [--nproc 2,3,4] [--sizes 240,16368,1048560]
@@ -36,6 +71,7 @@ import argparse
 import collections
 import functools
 import json
+import math
 import os
 import random
 import statistics
@@ -43,6 +79,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -122,15 +159,16 @@ def worker(
                     samples[name].append((time.perf_counter() - start) * 1e3)
             everywhere: list = [None] * world
             dist.all_gather_object(everywhere, samples)
-            oracle = {
-                name: statistics.median(
+            # Per program, per round: the slowest rank's time.
+            rounds = {
+                name: [
                     max(runs)
                     for runs in zip(*(peer[name] for peer in everywhere), strict=True)
-                )
+                ]
                 for name in names
             }
             cells.append(
-                {"kind": kind, "size": size, "choices": choices, "oracle_ms": oracle}
+                {"kind": kind, "size": size, "choices": choices, "rounds_ms": rounds}
             )
     if rank == 0:
         Path(out_dir, "cells.json").write_text(json.dumps(cells))
@@ -167,27 +205,281 @@ def launch(nproc: int, args: argparse.Namespace) -> list[dict]:
         return json.loads(result.read_text())
 
 
+# --- statistics ------------------------------------------------------------------
+CONFIDENCE = 0.95
+# The fewest rounds whose extreme order statistics give a 95% CI of the median.
+MIN_ROUNDS = 6
+
+
+def median_ci(
+    values: list[float], confidence: float = CONFIDENCE
+) -> tuple[float, float, float]:
+    """``(median, low, high)``: the median and a distribution-free CI of it from order statistics.
+
+    The number of values below the true median is Binomial(n, 1/2), so
+    ``[x(k), x(n+1-k)]`` (1-based ranks of the sorted values) covers it with
+    probability ``1 - 2 P(B <= k-1)``; k is the largest rank that keeps this
+    at least ``confidence`` (exact integer arithmetic).  With too few values
+    for any such k, the interval is unbounded (``-inf, inf``).
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("median_ci of no values")
+    # P(B <= k-1) <= alpha/2  <=>  2 * sum_{i<k} C(n, i) * den <= num * 2**n
+    alpha = Fraction(1 - confidence).limit_denominator(10**6)
+    bound = alpha.numerator * 2**n
+    k, below = 0, 0
+    while (
+        k < (n + 1) // 2 and 2 * (below + math.comb(n, k)) * alpha.denominator <= bound
+    ):
+        below += math.comb(n, k)
+        k += 1
+    median = statistics.median(xs)
+    if k == 0:
+        return median, -math.inf, math.inf
+    return median, xs[k - 1], xs[n - k]
+
+
+def paired_ratio(
+    numerator: list[float], denominator: list[float]
+) -> tuple[float, float, float]:
+    """Median and CI of the per-round ratios numerator/denominator (same rounds, paired)."""
+    return median_ci([a / b for a, b in zip(numerator, denominator, strict=True)])
+
+
+def verdict(ratio: tuple[float, float, float]) -> str:
+    """'slower' where the ratio's CI lies above 1, 'faster' where below, else 'tie'."""
+    _, low, high = ratio
+    return "slower" if low > 1 else "faster" if high < 1 else "tie"
+
+
+# --- summary ---------------------------------------------------------------------
+HARM_LIMIT = 1.03  # a harmful choice (resolvably slower than the default) may be at most this much slower
+REGRET_TARGET = 0.03
+CLEAR_LEAD = 1.10  # the best leads the runner-up by this factor, resolvably
+SAME_CHOICE = 0.8  # of the compiles, in clear cells: 4 of 5
+
+
 def summarize(nproc: int, cell: dict, default: str) -> dict:
-    oracle = cell["oracle_ms"]
-    ranked = sorted(oracle, key=oracle.__getitem__)
+    rounds = cell["rounds_ms"]
+    times = {name: median_ci(rounds[name]) for name in rounds}
+    ranked = sorted(times, key=lambda name: times[name][0])
     best, runner_up = ranked[0], ranked[1]
-    regrets = [oracle[choice] / oracle[best] - 1 for choice in cell["choices"]]
-    versus_default = [oracle[choice] / oracle[default] for choice in cell["choices"]]
+    lead = paired_ratio(rounds[runner_up], rounds[best])
     counts = collections.Counter(cell["choices"])
+    per_choice = {}
+    for choice in counts:
+        vs_best = paired_ratio(rounds[choice], rounds[best])
+        vs_default = paired_ratio(rounds[choice], rounds[default])
+        per_choice[choice] = {
+            "vs_best": vs_best,
+            "vs_default": vs_default,
+            # Ties with the best (the CI includes 1), and the best itself, cost nothing.
+            "regret": vs_best[0] - 1 if verdict(vs_best) == "slower" else 0.0,
+            "harm": verdict(vs_default) == "slower",
+        }
+    # The worst choice against the default: a harmful one first, then the slowest at the median.
+    worst = max(
+        per_choice,
+        key=lambda c: (per_choice[c]["harm"], per_choice[c]["vs_default"][0]),
+    )
+    repeat = counts.most_common(1)[0][1]
+    clear = lead[0] >= CLEAR_LEAD and verdict(lead) == "slower"
     return {
         "nproc": nproc,
         "kind": cell["kind"],
         "size": cell["size"],
+        "rounds": len(rounds[best]),
+        "times": times,
+        "ranked": ranked,
         "best": best,
-        "best_ms": oracle[best],
-        "gap": oracle[runner_up] / oracle[best] - 1,
-        "default_ms": oracle[default],
+        "runner_up": runner_up,
+        "lead": lead,
+        "default": default,
         "choices": counts,
-        "regret": statistics.mean(regrets),
-        "worst_vs_default": max(versus_default),
-        "repeat": counts.most_common(1)[0][1],
+        "per_choice": per_choice,
+        "regret": statistics.mean(per_choice[c]["regret"] for c in cell["choices"]),
+        "regret_point": statistics.mean(
+            per_choice[c]["vs_best"][0] - 1 for c in cell["choices"]
+        ),
+        "worst": worst,
+        "worst_vs_default": per_choice[worst]["vs_default"],
+        "harm": per_choice[worst]["harm"],
+        "violation": any(
+            v["harm"] and v["vs_default"][0] > HARM_LIMIT for v in per_choice.values()
+        ),
+        "ci_above_limit": any(
+            v["vs_default"][1] > HARM_LIMIT for v in per_choice.values()
+        ),
+        "clear": clear,
+        "repeat": repeat,
         "compiles": len(cell["choices"]),
+        "stable": repeat >= SAME_CHOICE * len(cell["choices"]),
     }
+
+
+def ms(interval: tuple[float, float, float]) -> str:
+    median, low, high = interval
+    return f"{median:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def percent(ratio: tuple[float, float, float]) -> str:
+    """A paired ratio as a difference: '+4.1% [+2.0%, +6.3%]'."""
+    median, low, high = ratio
+    return f"{median - 1:+.1%} [{low - 1:+.1%}, {high - 1:+.1%}]"
+
+
+def times_x(ratio: tuple[float, float, float]) -> str:
+    median, low, high = ratio
+    return f"{median:.2f}x [{low:.2f}, {high:.2f}]"
+
+
+def kb(size: int) -> str:
+    return f"{4 * size / 1024:g}"
+
+
+def print_cells(rows: list[dict]) -> None:
+    print(
+        "| ranks | op | KB / rank | oracle best: ms [95% CI] | runner-up behind (paired) | default: ms [95% CI] "
+        "| choices | vs best per choice (paired; regret) | mean regret: counted (point) "
+        "| worst choice vs default (paired) | same choice |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        choices = ", ".join(
+            f"{name} {count}" for name, count in row["choices"].most_common()
+        )
+        regrets = "; ".join(
+            f"{name}: best"
+            if name == row["best"]
+            else f"{name}: {percent(row['per_choice'][name]['vs_best'])}"
+            + (
+                ""
+                if verdict(row["per_choice"][name]["vs_best"]) == "slower"
+                else " tie"
+            )
+            for name, _ in row["choices"].most_common()
+        )
+        lead_verdict = "" if verdict(row["lead"]) == "slower" else " tie"
+        harm = {"slower": " harm", "faster": " faster", "tie": " tie"}[
+            verdict(row["worst_vs_default"])
+        ] + (f" >{HARM_LIMIT - 1:.0%}" if row["violation"] else "")
+        print(
+            f"| {row['nproc']} | {row['kind']} | {kb(row['size'])} | {row['best']} {ms(row['times'][row['best']])} "
+            f"| {row['runner_up']} {percent(row['lead'])}{lead_verdict} | {ms(row['times'][row['default']])} "
+            f"| {choices} | {regrets} | {row['regret']:.1%} ({row['regret_point']:+.1%}) "
+            f"| {row['worst']} {times_x(row['worst_vs_default'])}{harm} | {row['repeat']}/{row['compiles']} |",
+            flush=True,
+        )
+
+
+def print_oracle(rows: list[dict]) -> None:
+    print(
+        "\n| ranks | op | KB / rank | rounds | every program's time: median [95% CI] (ms), fastest first |"
+    )
+    print("| --- | --- | --- | --- | --- |")
+    for row in rows:
+        programs = "; ".join(
+            f"{name} {ms(row['times'][name])}" for name in row["ranked"]
+        )
+        print(
+            f"| {row['nproc']} | {row['kind']} | {kb(row['size'])} | {row['rounds']} | {programs} |"
+        )
+
+
+def regret_label(row: dict) -> str:
+    """The regret counted: '0' where every choice is the best, '0 (tie)' where some only tie with it."""
+    if row["regret"]:
+        return f"{row['regret']:.1%}"
+    return "0" if set(row["choices"]) == {row["best"]} else "0 (tie)"
+
+
+def print_matrix(nproc: int, rows: list[dict]) -> None:
+    sizes = sorted({row["size"] for row in rows})
+    kinds = list(dict.fromkeys(row["kind"] for row in rows))
+    cells = {(row["kind"], row["size"]): row for row in rows}
+    print(
+        f"\n{nproc} ranks: mean regret {statistics.mean(row['regret'] for row in rows):.1%} "
+        "(ties 0); per cell: regret counted, worst choice vs default (median; tie/slower/faster "
+        "by its CI), same choice (* where the best leads by >= 10%, resolvably); FAILS marks a missed target\n"
+    )
+    print("| op | " + " | ".join(f"{kb(size)} KB" for size in sizes) + " |")
+    print("| --- |" + " --- |" * len(sizes))
+    for kind in kinds:
+        entries = []
+        for size in sizes:
+            row = cells.get((kind, size))
+            if row is None:
+                entries.append("")
+                continue
+            failed = [
+                name
+                for name, missed in (
+                    ("default", row["violation"]),
+                    ("stability", row["clear"] and not row["stable"]),
+                )
+                if missed
+            ]
+            entries.append(
+                f"{regret_label(row)}, "
+                f"{row['worst_vs_default'][0]:.2f}x {verdict(row['worst_vs_default'])}, "
+                f"{row['repeat']}/{row['compiles']}{'*' if row['clear'] else ''}"
+                + (f" FAILS {'+'.join(failed)}" if failed else "")
+            )
+        print(f"| {kind} | " + " | ".join(entries) + " |")
+
+
+def print_targets(rows: list[dict]) -> None:
+    harmful = [row for row in rows if row["harm"]]
+    violations = [row for row in rows if row["violation"]]
+    above = [row for row in rows if row["ci_above_limit"]]
+    clear = [row for row in rows if row["clear"]]
+    stable = [row for row in clear if row["stable"]]
+    worst = max(rows, key=lambda row: (row["harm"], row["worst_vs_default"][0]))
+    regret = statistics.mean(row["regret"] for row in rows)
+    point = statistics.mean(row["regret_point"] for row in rows)
+
+    def where(row: dict) -> str:
+        return f"{row['kind']}, {kb(row['size'])} KB, {row['nproc']} ranks"
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "MISSED"
+
+    print()
+    print(
+        f"- mean regret over {len(rows)} cells: {regret:.1%}, a compile's regret counted only where its "
+        f"choice's paired ratio to the best has its 95% CI above 1 (ties and the best itself: 0) "
+        f"(target <= {REGRET_TARGET:.0%}: {met(regret <= REGRET_TARGET)}); point estimate, ties included: {point:+.1%}"
+    )
+    print(
+        f"- cells with a choice resolvably slower than the default (paired CI above 1): {len(harmful)}; "
+        f"of them more than {HARM_LIMIT - 1:.0%} slower at the median: {len(violations)} "
+        f"(target 0: {met(not violations)}); with the whole CI above {HARM_LIMIT:.2f}x: {len(above)}; "
+        f"worst: {worst['worst']} {times_x(worst['worst_vs_default'])} ({where(worst)})"
+    )
+    for row in violations:
+        print(f"  - {where(row)}: {row['worst']} {times_x(row['worst_vs_default'])}")
+    print(
+        f"- cells where the oracle's best leads the runner-up by >= {CLEAR_LEAD - 1:.0%} at the median with "
+        f"the paired CI above 1: {len(clear)}; the same choice in >= {SAME_CHOICE:.0%} of the compiles "
+        f"in {len(stable)} of them (target: all: {met(len(stable) == len(clear))})"
+    )
+    for row in clear:
+        if not row["stable"]:
+            choices = ", ".join(f"{n} {c}" for n, c in row["choices"].most_common())
+            print(f"  - {where(row)}: {choices}")
+    ties = sum(
+        1
+        for row in rows
+        for name, v in row["per_choice"].items()
+        if name != row["best"] and verdict(v["vs_best"]) != "slower"
+    )
+    print(
+        f"- distinct choices other than the best that the oracle cannot tell from it (ties): {ties}; "
+        f"runner-ups it cannot tell from the best: {sum(verdict(row['lead']) != 'slower' for row in rows)} "
+        f"of {len(rows)} cells"
+    )
 
 
 def main() -> None:
@@ -208,48 +500,30 @@ def main() -> None:
         worker(args.ops.split(","), [int(s) for s in args.sizes.split(",")], args.compiles, args.oracle_runs,
                Path(args.out))  # fmt: skip
         return
+    if args.oracle_runs < MIN_ROUNDS:
+        parser.error(
+            f"--oracle-runs must be at least {MIN_ROUNDS} for a 95% CI of a median"
+        )
     import torch
 
     from demo_collective_autotuning import DEFAULT
 
     print(
         f"torch {torch.__version__}, gloo, {os.cpu_count()} CPUs; autotuner defaults; {args.compiles} compiles per "
-        f"cell; oracle: {args.oracle_runs} interleaved rounds, slowest rank per round, median\n"
+        f"cell; oracle: {args.oracle_runs} interleaved rounds, slowest rank per round, median; 95% CIs of "
+        "medians from order statistics (binomial ranks); comparisons are medians of per-round (paired) ratios\n"
     )
-    print(
-        "| ranks | op | KB / rank | oracle best (ms) | runner-up behind | default (ms) | choices | mean regret "
-        "| worst vs default | same choice |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     rows = []
     for nproc in [int(n) for n in args.nproc.split(",")]:
-        for cell in launch(nproc, args):
-            row = summarize(nproc, cell, DEFAULT)
-            rows.append(row)
-            choices = ", ".join(
-                f"{name} {count}" for name, count in row["choices"].most_common()
-            )
-            print(
-                f"| {nproc} | {row['kind']} | {4 * row['size'] / 1024:g} | {row['best']} {row['best_ms']:.3f} "
-                f"| {row['gap']:.0%} | {row['default_ms']:.3f} | {choices} | {row['regret']:.1%} "
-                f"| {row['worst_vs_default']:.2f}x | {row['repeat']}/{row['compiles']} |",
-                flush=True,
-            )
-    clear = [row for row in rows if row["gap"] >= 0.10]
-    stable = [row for row in clear if row["repeat"] >= 4]
-    worst = max(rows, key=lambda row: row["worst_vs_default"])
-    print()
-    print(
-        f"- mean regret over every cell: {statistics.mean(row['regret'] for row in rows):.1%} (target <= 3%)"
-    )
-    print(
-        f"- slowest choice against the default: {worst['worst_vs_default']:.2f}x ({worst['kind']}, "
-        f"{4 * worst['size'] / 1024:g} KB, {worst['nproc']} ranks) (target <= 1.03x in every cell)"
-    )
-    print(
-        f"- cells where the oracle's best leads by >= 10%: {len(clear)}; the same choice in >= 4 of 5 compiles "
-        f"in {len(stable)} of them (target: all)"
-    )
+        print(f"## {nproc} ranks\n")
+        ranks_rows = [summarize(nproc, cell, DEFAULT) for cell in launch(nproc, args)]
+        rows += ranks_rows
+        print_cells(ranks_rows)
+        print_oracle(ranks_rows)
+        print_matrix(nproc, ranks_rows)
+        print(flush=True)
+    print("## Targets")
+    print_targets(rows)
 
 
 if __name__ == "__main__":
