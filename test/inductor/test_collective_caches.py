@@ -257,7 +257,7 @@ class RecompileTest(SpawnedRanksTestCase):
                 dist.destroy_process_group()  # frees the peer, blocked in the compiled all_reduce
             else:
                 with self.assertLogs(
-                    "torch._inductor.runtime.collective_control", "ERROR"
+                    "torch._inductor.runtime.collective_liveness", "ERROR"
                 ) as logs:
                     with self.assertRaises(RuntimeError):
                         compiled(x, 1)

@@ -1,7 +1,8 @@
 """What collective autotuning asks of the job's store, on CPU/gloo, through a TCPStore.
 
 One TCPStore serves every rank of a torchrun job; these tests hold the control
-plane (``torch/_inductor/runtime/collective_control.py``) to what it promises
+plane (``collective_control.py``, ``collective_liveness.py`` and
+``collective_store.py`` in ``torch/_inductor/runtime/``) to what it promises
 it asks of it, per world size (2 and 3 ranks, one set of rank processes per
 class):
 

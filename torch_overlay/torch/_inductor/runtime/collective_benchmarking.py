@@ -31,8 +31,13 @@ The modules
   (:class:`CollectiveBenchmarker`), and the public API;
 * ``collective_session.py``: the benchmarking part of a session (warmups,
   interleaved timed runs, exchange, commit, failure agreements);
-* ``collective_control.py``: the control plane (liveness, agreement over the
-  job's store, what a session asks of the store);
+* ``collective_control.py``: the control plane: agreement over the job's
+  store (a session's rendezvous, and when a member is given up on), and what
+  a session asks of the store;
+* ``collective_liveness.py``: every process's heartbeat in the store, and its
+  watch over the member a rendezvous waits for;
+* ``collective_store.py``: the control plane's connection to the store,
+  which counts its requests, and the keys it shares;
 * ``collective_channels.py``: the private process groups candidates run on;
 * ``collective_timing.py``: device-agnostic timing;
 * ``collective_decisions.py``: the decision rules, pure functions of what the

@@ -25,11 +25,12 @@ channel, which makes the peers' pending collectives fail at once, and posts
 ``(step, status)`` to a failure agreement over the store.  Every member then
 applies the same rule to the same posts (``earliest_failure``: the earliest
 reported step takes the worst status reported for it; a member already past
-it saw it succeed).  That step's candidate is retried when the cause was a
-timeout and retries remain, or disqualified otherwise.  A failure in a warmup
-resumes at that candidate's warmup; a failure in the timed runs restarts the
-op's timed runs, which must all see the same stretch of time.  A failed
-exchange runs again (at most ``retries + 1`` times).
+it saw it succeed; :class:`_FailureAgreements` keeps what they decided).
+That step's candidate is retried when the cause was a timeout and retries
+remain, or disqualified otherwise.  A failure in a warmup resumes at that
+candidate's warmup; a failure in the timed runs restarts the op's timed runs,
+which must all see the same stretch of time.  A failed exchange runs again
+(at most ``retries + 1`` times).
 
 A candidate whose output differs from its op's default on a member is still
 timed there (its collectives stay matched) and disqualified at the exchange.
@@ -173,6 +174,123 @@ class _LocalOutcomes:
         return [float(status), *samples, *[math.nan] * (nruns - len(samples))]
 
 
+class _FailureAgreements:
+    """A session's failure agreements, and what they decided so far.
+
+    Every member posts the step it failed at, and every member applies the
+    same rule to the same posts (``earliest_failure``), so that this state
+    stays the same on every member without a collective: it is what the
+    session resumes from, and it cannot travel on the channel that failed.
+    """
+
+    def __init__(
+        self,
+        plans: Sequence[tuple[str, Sequence[Candidate]]],
+        excluded: dict[tuple[int, int], CandidateResult],
+        retries: int,
+        control: ControlStore,
+    ) -> None:
+        self.plans = plans
+        self.retries = retries
+        self.control = control
+        self.competing = [
+            [(op, index) not in excluded for index in range(len(candidates))]
+            for op, (_, candidates) in enumerate(plans)
+        ]
+        self.failed = dict(excluded)
+        self.attempts: dict[tuple[int, int], int] = collections.defaultdict(lambda: 1)
+        self.exchange_attempts = 1
+        self.epoch = 0
+
+    def agree(self, schedule: list[_Step], failure: str) -> _Resume | None:
+        """Agree with every member on the step that failed; where the session resumes.
+
+        ``failure`` is this member's ``"step:status:stage"``; a member that
+        committed posts nothing and counts as past every step.  Returns None
+        when every member exchanged (the commit failed somewhere: the session
+        is over).  Raises :class:`CollectiveBenchmarkError` when the exchange
+        failed more than ``retries + 1`` times.
+        """
+        exchange, commit = len(schedule), len(schedule) + 1
+        self.epoch += 1
+        counters["collective_autotuning"]["failure_agreements"] += 1
+        with timed("sync_s"):
+            posts = self.control.gather(
+                f"failure{self.epoch}", failure, "failure agreement", also="committed"
+            )
+        failed_step, reports, stage = earliest_failure(
+            [f"{commit + 1}:0:committed" if post is None else post for post in posts]
+        )
+        if failed_step >= commit:
+            return None
+        if failed_step == exchange:
+            if self.exchange_attempts > self.retries + 1:
+                raise CollectiveBenchmarkError(
+                    "collective autotuning: the exchange of group "
+                    f"{self.control.group_name!r} failed {self.exchange_attempts} "
+                    f"times ({stage}); its channel cannot carry a collective"
+                )
+            self.exchange_attempts += 1
+            return _Resume(op=len(self.plans), warmup_from=0)
+        blamed = schedule[failed_step]
+        key = (blamed.op, blamed.candidate)
+        status = max(report.status for report in reports)
+        if status.retryable and self.attempts[key] <= self.retries:
+            self.attempts[key] += 1
+        else:
+            self.failed[key] = CandidateResult(
+                self.plans[blamed.op][1][blamed.candidate].name,
+                reports,
+                self.attempts[key],
+                stage,
+            )
+            self.competing[blamed.op][blamed.candidate] = False
+        # A failure in a warmup resumes at that candidate's warmup; one in
+        # the timed runs restarts the op's timed runs, which must all see
+        # the same stretch of time.
+        return _Resume(
+            op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate
+        )
+
+
+def _agreed_results(
+    plans: Sequence[tuple[str, Sequence[Candidate]]],
+    nruns: int,
+    gathered: list[list[float]],
+    failed: dict[tuple[int, int], CandidateResult],
+    attempts: dict[tuple[int, int], int],
+) -> list[list[CandidateResult]]:
+    # A candidate's result is the failure agreed for it, or else what every
+    # member sent for it in the exchange (the layout of _LocalOutcomes.flatten).
+    width = 1 + nruns  # a candidate's status and timed runs
+    offsets = list(
+        itertools.accumulate(
+            [len(candidates) * width for _, candidates in plans], initial=0
+        )
+    )
+
+    def rank_reports(op: int, index: int) -> tuple[RankReport, ...]:
+        start = offsets[op] + index * width
+        return tuple(
+            RankReport(
+                CandidateStatus(int(row[start])),
+                tuple(row[start + 1 : start + width]),
+            )
+            for row in gathered
+        )
+
+    return [
+        [
+            failed.get((op, index))
+            or CandidateResult(
+                candidate.name, rank_reports(op, index), attempts[(op, index)]
+            )
+            for index, candidate in enumerate(candidates)
+        ]
+        for op, (_, candidates) in enumerate(plans)
+    ]
+
+
 class SessionRun:
     """The benchmarking part of one session, the same on every member of the group.
 
@@ -242,19 +360,14 @@ class SessionRun:
         # session resumes, the same way on every member; step len(schedule) is
         # the exchange, the next one the commit, and a member that committed
         # counts as past every step.
-        competing = [
-            [(op, index) not in self.excluded for index in range(len(candidates))]
-            for op, (_, candidates) in enumerate(self.plans)
-        ]
-        failed = dict(self.excluded)
-        attempts: dict[tuple[int, int], int] = collections.defaultdict(lambda: 1)
+        agreements = _FailureAgreements(
+            self.plans, self.excluded, self.config.retries, self.control
+        )
         local = _LocalOutcomes()
-        exchange_attempts = 1
         gathered: list[list[float]] | None = None
-        resume = _Resume(op=0, warmup_from=0)
-        epoch = 0
-        while True:
-            schedule = self._schedule(competing, resume)
+        resume: _Resume | None = _Resume(op=0, warmup_from=0)
+        while resume is not None:
+            schedule = self._schedule(agreements.competing, resume)
             exchange, commit = len(schedule), len(schedule) + 1
             step = 0
             try:
@@ -280,90 +393,20 @@ class SessionRun:
             # Only now, with the exception and its frames gone, is this rank's
             # last reference to the channel the one dropped here.
             self.channel.drop()
-            epoch += 1
-            counters["collective_autotuning"]["failure_agreements"] += 1
-            with timed("sync_s"):
-                posts = self.control.gather(
-                    f"failure{epoch}", failure, "failure agreement", also="committed"
-                )
-            failed_step, reports, stage = earliest_failure(
-                [
-                    f"{commit + 1}:0:committed" if post is None else post
-                    for post in posts
-                ]
-            )
-            if failed_step >= commit:
-                break  # every member exchanged; the commit failed somewhere
-            if failed_step == exchange:
-                if exchange_attempts > self.config.retries + 1:
-                    raise CollectiveBenchmarkError(
-                        "collective autotuning: the exchange of group "
-                        f"{self.control.group_name!r} failed {exchange_attempts} "
-                        f"times ({stage}); its channel cannot carry a collective"
-                    )
-                exchange_attempts += 1
-                resume = _Resume(op=len(self.plans), warmup_from=0)
+            resume = agreements.agree(schedule, failure)
+            if resume is not None:
+                local.forget_from(resume)
                 gathered = None
-                continue
-            blamed = schedule[failed_step]
-            key = (blamed.op, blamed.candidate)
-            status = max(report.status for report in reports)
-            if status.retryable and attempts[key] <= self.config.retries:
-                attempts[key] += 1
-            else:
-                failed[key] = CandidateResult(
-                    self.plans[blamed.op][1][blamed.candidate].name,
-                    reports,
-                    attempts[key],
-                    stage,
-                )
-                competing[blamed.op][blamed.candidate] = False
-            # A failure in a warmup resumes at that candidate's warmup; one in
-            # the timed runs restarts the op's timed runs, which must all see
-            # the same stretch of time.
-            resume = _Resume(
-                op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate
-            )
-            local.forget_from(resume)
-            gathered = None
         # The loop ends after this rank's exchange (a failure at the commit
         # comes after every member exchanged).
         assert gathered is not None
-        return self._results(gathered, failed, attempts)
-
-    def _results(
-        self,
-        gathered: list[list[float]],
-        failed: dict[tuple[int, int], CandidateResult],
-        attempts: dict[tuple[int, int], int],
-    ) -> list[list[CandidateResult]]:
-        width = 1 + self.config.nruns  # a candidate's status and timed runs
-        offsets = list(
-            itertools.accumulate(
-                [len(candidates) * width for _, candidates in self.plans], initial=0
-            )
+        return _agreed_results(
+            self.plans,
+            self.config.nruns,
+            gathered,
+            agreements.failed,
+            agreements.attempts,
         )
-
-        def rank_reports(op: int, index: int) -> tuple[RankReport, ...]:
-            start = offsets[op] + index * width
-            return tuple(
-                RankReport(
-                    CandidateStatus(int(row[start])),
-                    tuple(row[start + 1 : start + width]),
-                )
-                for row in gathered
-            )
-
-        return [
-            [
-                failed.get((op, index))
-                or CandidateResult(
-                    candidate.name, rank_reports(op, index), attempts[(op, index)]
-                )
-                for index, candidate in enumerate(candidates)
-            ]
-            for op, (_, candidates) in enumerate(self.plans)
-        ]
 
     def _schedule(self, competing: list[list[bool]], resume: _Resume) -> list[_Step]:
         steps: list[_Step] = []

@@ -1,0 +1,423 @@
+"""Liveness of the members of collective benchmarking: heartbeats over the store.
+
+Agreement over the store (``collective_control.py``) has to tell a member
+that is late from one that is lost, without a fixed timeout that either
+gives up on a slow compile or waits forever for a dead process.  It asks
+this module: every process tells its peers, through the store, that it is
+alive and what it does, and reads the same of the member it watches.
+
+Every process that tunes runs one daemon thread (:class:`Liveness`).  It
+*beats*, i.e. rewrites one key of its own, ``status/<rank>``, every
+:func:`beat_interval` seconds, but only while the process has a session open,
+its main thread compiles (Dynamo's frame compilation, which holds the
+lowering and the scheduler where sessions start), or a peer woke it (below).
+The key carries a counter that advances with every beat, what the process
+does (``compiling``, ``session`` or ``idle``), the frames it opened sessions
+for, and, when its main thread is inside a collective call, which one and
+for how long.  When the process stops, the thread writes ``idle`` once and
+then asks nothing of the store.  The thread runs Python code, so a process
+whose main thread holds the GIL in a C call that never returns (*wedged*)
+stops beating, as does a dead one; a process that is only busy (a long
+kernel, a sleep, a slow host, a compile) keeps beating.
+
+A process that beats on its own cannot tell a peer that is idle (it runs
+compiled or eager code, on its way to a compile or not) from one that is
+dead.  So every process also keeps one request blocked in the store, on its
+``wake/<rank>`` key: a peer that waits for it sets the key, and the process
+then beats for two timeouts (its peer keeps waking it while it waits).  A
+member that was woken and does not beat within a timeout is dead or wedged.
+
+The same thread reads the status of the member each open session observes
+(its ring successor) once per beat interval, and, while the main thread
+waits in a rendezvous (a :class:`Watch`), has the rendezvous apply its
+liveness rules to what it read (``ControlStore.check``): the rules and the
+verdict belong to the agreement, the reading and the beating to this module.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import logging
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from .collective_store import (
+    _default_store,
+    _VERDICT_PREFIX,
+    status_key,
+    StoreClient,
+    wake_key,
+)
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from .collective_control import ControlStore
+
+
+__all__ = ["Liveness", "MemberStatus", "Watch", "beat_interval", "ensure_heartbeat"]
+
+log = logging.getLogger(__name__)
+
+# A store wait that is meant to end by an event, not by its timeout: the
+# timeout is only a backstop (a timed-out store request logs a c10d warning,
+# which the protocol must not cause routinely).
+_BACKSTOP = timedelta(days=1)
+
+
+def beat_interval(timeout: timedelta) -> float:
+    """Seconds between two beats, and between two reads of a watched member.
+
+    An eighth of the timeout: a lost member is named within the timeout plus
+    one interval, and a beating process asks little of the store (one request
+    every 3.75 s at the default timeout of 30 s).
+    """
+    return min(max(timeout.total_seconds() / 8, 0.05), 5.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberStatus:
+    """What a process's ``status/<rank>`` key says about it."""
+
+    counter: int
+    activity: str  # "compiling", "session" or "idle"
+    sessions: tuple[str, ...] = ()  # the sessions it has open
+    blocked_in: str = ""  # the collective call its main thread is in ...
+    blocked_for: float = 0.0  # ... and for how many seconds, when it beat
+    frames: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def encode(self) -> str:
+        return json.dumps(
+            [
+                self.counter,
+                self.activity,
+                self.sessions,
+                self.blocked_in,
+                round(self.blocked_for, 3),
+                self.frames,
+            ]
+        )
+
+    @staticmethod
+    def decode(text: str) -> MemberStatus:
+        counter, activity, sessions, blocked_in, blocked_for, frames = json.loads(text)
+        return MemberStatus(
+            counter, activity, tuple(sessions), blocked_in, blocked_for, frames
+        )
+
+
+def _collective_call(frame: object) -> str:
+    # The collective that a thread whose innermost Python frame is ``frame``
+    # is inside, or "": an op of torch's c10d namespaces called through
+    # OpOverload.__call__ (compiled code, functional collectives), or a
+    # function of torch.distributed.distributed_c10d (eager collectives).
+    code = getattr(frame, "f_code", None)
+    if code is None:
+        return ""
+    if code.co_filename.endswith("distributed_c10d.py"):
+        return f"torch.distributed.{code.co_name}"
+    if code.co_name == "__call__" and code.co_filename.endswith("_ops.py"):
+        op = getattr(frame, "f_locals", {}).get("self")
+        if getattr(op, "namespace", "") in ("_c10d_functional", "c10d"):
+            return str(op)
+    return ""
+
+
+@dataclasses.dataclass
+class Observation:
+    """What a liveness thread saw of one member, from its first read of the member's status."""
+
+    status: MemberStatus | None
+    first_read: float
+    advanced_at: float | None = None  # when its counter was last seen to change
+    idle_since: float | None = None  # since when it has been seen idle
+
+    def update(self, status: MemberStatus | None, now: float) -> None:
+        if status is not None and (
+            self.status is None or status.counter != self.status.counter
+        ):
+            self.advanced_at = now
+        if status is not None and status.activity == "idle":
+            self.idle_since = self.idle_since or now
+        else:
+            self.idle_since = None
+        self.status = status
+
+    def silent_for(self, now: float) -> float:
+        """Seconds since the counter was last seen to change (or since the first read)."""
+        return now - (self.advanced_at or self.first_read)
+
+
+@dataclasses.dataclass
+class Watch:
+    """A rendezvous that the main thread waits in, and the member its liveness thread watches."""
+
+    control: ControlStore
+    tag: str
+    what: str
+    successor: int  # group rank of the watched member
+    failure_agreement: bool
+    also: str | None = None  # a counter of members that count as arrived
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    first_woke_at: float | None = None  # when the watcher first woke the member
+    woke_at: float | None = None  # ... and last
+
+
+class Liveness:
+    """A process's heartbeat, and its watch over the members its main thread waits for.
+
+    See the module docstring.  ``compiling`` says whether the watched main
+    thread compiles (the default reads its stack); the store, the rank and
+    the main thread are injectable, and the wake listener can be left out,
+    so that one process can simulate many ranks
+    (``scripts/bench_collective_control.py``).
+    """
+
+    def __init__(
+        self,
+        store: Callable[[], dist.Store] = _default_store,
+        global_rank: Callable[[], int] = dist.get_rank,
+        main_thread: threading.Thread | None = None,
+        compiling: Callable[[], bool] | None = None,
+        listen: bool = True,
+    ) -> None:
+        self._store_factory = store
+        self._listen = listen
+        self._global_rank = global_rank
+        self._main_thread = main_thread or threading.main_thread()
+        self._compiling = compiling or self._main_thread_compiling
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._store: dist.Store | None = None
+        self.client: StoreClient | None = None  # the thread's connection
+        self._rank = -1
+        self._counter = 0
+        self._published = ""  # the activity last written
+        self._sessions: dict[str, int] = {}  # open sessions -> how many
+        self._frames: dict[str, int] = {}  # frame id -> highest compile index
+        self._watches: list[Watch] = []
+        # Members observed while a session is open (global rank -> how many
+        # sessions observe it), and what was seen of them.
+        self._observed: dict[int, int] = {}
+        self._seen: dict[int, Observation] = {}
+        self._interval = beat_interval(timedelta(seconds=30))
+        self._timeout = 30.0
+        self._awake_until = 0.0  # beats while idle until then, when a peer woke it
+        self._blocked: tuple[int, int, str] | None = None
+        self._blocked_since = 0.0
+
+    # The main thread's side -----------------------------------------------------
+    def ensure_running(self, timeout: timedelta | None = None) -> None:
+        """Start the thread on the current default store (again after it changed)."""
+        if timeout is not None:
+            self._interval = beat_interval(timeout)
+            self._timeout = timeout.total_seconds()
+        store = self._store_factory()
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                if self._store is store:
+                    return
+            self._stop.set()
+            self._stop = threading.Event()
+            self._store, self._rank, self._published = store, self._global_rank(), ""
+            self.client = StoreClient(store.clone())
+            self._thread = threading.Thread(
+                target=self._run,
+                args=(self.client, self._stop),
+                name="collective-benchmark-liveness",
+                daemon=True,
+            )
+            self._thread.start()
+            if self._listen:
+                threading.Thread(
+                    target=self._listen_for_wakes,
+                    args=(StoreClient(store.clone()), self._rank, self._stop),
+                    name="collective-benchmark-wakes",
+                    daemon=True,
+                ).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    @contextmanager
+    def session(
+        self, name: str, frame: tuple[int, int] | None, observe: int | None = None
+    ) -> Iterator[None]:
+        """Beat for the duration of a session, and observe the member ``observe``.
+
+        ``frame`` is the session's (frame id, compile index).  The observed
+        member (the session's ring successor, a global rank) is read once per
+        beat interval from the start, so that when a rendezvous waits for it,
+        how long it has been silent is already known.
+        """
+        with self._lock:
+            self._sessions[name] = self._sessions.get(name, 0) + 1
+            if frame is not None:
+                key = str(frame[0])
+                self._frames[key] = max(self._frames.get(key, -1), frame[1])
+            if observe is not None:
+                self._observed[observe] = self._observed.get(observe, 0) + 1
+        self._wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._sessions[name] -= 1
+                if not self._sessions[name]:
+                    del self._sessions[name]
+                if observe is not None:
+                    self._observed[observe] -= 1
+                    if not self._observed[observe]:
+                        del self._observed[observe]
+                        self._seen.pop(observe, None)
+            self._wake.set()
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two beats (and two observations)."""
+        return self._interval
+
+    def seen(self, global_rank: int) -> Observation | None:
+        """What this thread has seen of an observed member, if it read it yet."""
+        with self._lock:
+            return self._seen.get(global_rank)
+
+    @contextmanager
+    def watching(self, watch: Watch) -> Iterator[None]:
+        """Watch ``watch.successor`` while the main thread waits in ``watch.tag``."""
+        with self._lock:
+            self._watches.append(watch)
+        self._wake.set()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._watches.remove(watch)
+
+    # The thread's side --------------------------------------------------------------
+    def _main_thread_compiling(self) -> bool:
+        # Whether the main thread is inside Dynamo's frame compilation (tracing
+        # and Inductor both run there), read from its stack: Dynamo's
+        # callbacks are cleared by torch._dynamo.reset().
+        from torch._dynamo.convert_frame import _compile
+
+        frame = sys._current_frames().get(self._main_thread.ident or -1)
+        while frame is not None:
+            if frame.f_code is _compile.__code__:
+                return True
+            frame = frame.f_back
+        return False
+
+    def _blocked_call(self, now: float) -> tuple[str, float]:
+        frame = sys._current_frames().get(self._main_thread.ident or -1)
+        call = _collective_call(frame)
+        if not call or frame is None:
+            self._blocked = None
+            return "", 0.0
+        identity = (id(frame), frame.f_lasti, call)
+        if self._blocked != identity:
+            self._blocked, self._blocked_since = identity, now
+        return call, now - self._blocked_since
+
+    def _listen_for_wakes(
+        self, client: StoreClient, rank: int, stop: threading.Event
+    ) -> None:
+        # One blocked request per process, on a connection of its own.  A
+        # peer that waits for this process while it is idle wakes it, and it
+        # beats for two timeouts: alive (running compiled code, or eager code
+        # on its way to a compile) is then told apart from dead.  A verdict
+        # on the job wakes it too, and is logged: a rank blocked in a
+        # collective of its compiled code cannot raise, but its log says why.
+        key = wake_key(rank)
+        logged = False
+        while not stop.is_set():
+            try:
+                client.wait(key, _BACKSTOP)
+                value = client.get(key)
+                client.delete(key)
+            except Exception:  # the store went away, or a day passed
+                log.debug("collective autotuning wake listener stopped", exc_info=True)
+                return
+            if value.startswith(_VERDICT_PREFIX) and not logged:
+                logged = True
+                log.error(
+                    "collective autotuning: a peer gave up on this job: %s",
+                    value[len(_VERDICT_PREFIX) :],
+                )
+            self._awake_until = time.monotonic() + 2 * self._timeout
+            self._wake.set()
+
+    def _observe(self, client: StoreClient, member: int) -> None:
+        text = client.read_if_set(status_key(member))
+        status = MemberStatus.decode(text) if text is not None else None
+        now = time.monotonic()
+        with self._lock:
+            if member not in self._observed:
+                return
+            seen = self._seen.setdefault(member, Observation(None, now))
+            seen.update(status, now)
+
+    def _run(self, client: StoreClient, stop: threading.Event) -> None:
+        key = status_key(self._rank)
+        while not stop.is_set():
+            try:
+                with self._lock:
+                    sessions = tuple(sorted(self._sessions))
+                    frames = dict(self._frames)
+                    watches = list(self._watches)
+                    observed = list(self._observed)
+                if sessions:
+                    activity = "session"
+                else:
+                    activity = "compiling" if self._compiling() else "idle"
+                awake = time.monotonic() < self._awake_until
+                if activity != "idle" or self._published != "idle" or awake:
+                    blocked, blocked_for = self._blocked_call(time.monotonic())
+                    self._counter += 1
+                    status = MemberStatus(
+                        self._counter, activity, sessions, blocked, blocked_for, frames
+                    )
+                    client.set(key, status.encode())
+                    self._published = activity
+                for member in observed:
+                    self._observe(client, member)
+                for watch in watches:
+                    watch.control.check(client, watch)
+            except Exception:  # the store went away: the process group was destroyed
+                log.debug("collective benchmarking liveness stopped", exc_info=True)
+                return
+            self._wake.wait(self._interval)
+            self._wake.clear()
+
+
+_liveness = Liveness()
+atexit.register(_liveness.stop)
+
+
+def ensure_heartbeat(timeout: timedelta | None = None) -> None:
+    """Start this process's liveness thread (idempotent).
+
+    From then on the process beats while it compiles or has a session open,
+    so that peers waiting for it know it is alive; ``timeout`` (default:
+    ``torch._inductor.config.collective_benchmark_timeout``) sets how often.
+    Does nothing before ``init_process_group``: the session that follows
+    reports the missing process group.
+    """
+    if dist.is_available() and dist.is_initialized():
+        if timeout is None:
+            from torch._inductor import config
+
+            timeout = timedelta(seconds=config.collective_benchmark_timeout)
+        _liveness.ensure_running(timeout)

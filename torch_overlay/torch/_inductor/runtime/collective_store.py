@@ -1,0 +1,127 @@
+"""The job's store as the control plane of collective benchmarking sees it.
+
+Liveness (``collective_liveness.py``) and agreement (``collective_control.py``)
+both talk to the one ``TCPStore`` that serves every rank of a torchrun job,
+so what they ask of it is kept near zero and counted in one place
+(:data:`store_requests`), and blocking waits happen on connections of their
+own, never on the one that process groups use.  This module holds that
+connection (:class:`StoreClient`) and the layout of the keys that both sides
+read and write; it depends on neither side, so that they can depend on it.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+
+__all__ = ["StoreClient", "main_store_client", "store_requests"]
+
+# Every key the control plane writes lives under this prefix of the default store.
+STORE_PREFIX = "collective_benchmarking"
+
+
+def status_key(global_rank: int) -> str:
+    return f"{STORE_PREFIX}/status/{global_rank}"
+
+
+def wake_key(global_rank: int) -> str:
+    """The key a process's listener blocks on: set to wake it (see ``Liveness``)."""
+    return f"{STORE_PREFIX}/wake/{global_rank}"
+
+
+# A verdict on the whole job, sent to every member's wake key (and logged there).
+_VERDICT_PREFIX = "verdict|"
+
+# Every request the control plane made to the store, by kind.
+store_requests: collections.Counter[str] = collections.Counter()
+
+# A value that no writer uses (see read_if_set).
+_UNSET = "\x00unset"
+
+
+class StoreClient:
+    """A connection of the control plane's own to the job's store, counting its requests.
+
+    Blocking waits happen on connections of the control plane's own (``clone``), so
+    that they never hold up the connection that process groups use.  Every
+    request is counted in :data:`store_requests` and in ``requests``; when
+    ``times`` is a list, each request's ``time.monotonic()`` is appended to it.
+    """
+
+    def __init__(self, store: dist.Store) -> None:
+        self._store = store
+        self.requests: collections.Counter[str] = collections.Counter()
+        self.times: list[float] | None = None
+
+    def _count(self, kind: str) -> None:
+        store_requests[kind] += 1
+        self.requests[kind] += 1
+        if self.times is not None:
+            self.times.append(time.monotonic())
+
+    def set(self, key: str, value: str) -> None:
+        self._count("set")
+        self._store.set(key, value)
+
+    def get(self, key: str) -> str:
+        self._count("get")
+        return self._store.get(key).decode()
+
+    def add(self, key: str, amount: int) -> int:
+        self._count("add")
+        return self._store.add(key, amount)
+
+    def append(self, key: str, value: str) -> None:
+        self._count("append")
+        # Missing from Store's stubs; every c10d store implements it.
+        self._store.append(key, value)  # type: ignore[attr-defined]
+
+    def compare_set(self, key: str, expected: str, desired: str) -> str:
+        """Set ``key`` to ``desired`` if it holds ``expected`` ("" for unset); its value."""
+        self._count("compare_set")
+        return self._store.compare_set(key, expected, desired).decode()
+
+    def wait(self, key: str, timeout: timedelta) -> None:
+        self._count("wait")
+        self._store.wait([key], timeout)
+
+    def delete(self, key: str) -> None:
+        self._count("delete_key")
+        self._store.delete_key(key)
+
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        self._count("multi_set")
+        # Missing from Store's stubs; every c10d store implements it.
+        self._store.multi_set(keys, values)  # type: ignore[attr-defined]
+
+    def read_if_set(self, key: str) -> str | None:
+        """The value of ``key``, or None when it is not set; one request, never blocks."""
+        # A compare-and-set whose expected value no writer uses never sets,
+        # and answers the value, or the expected one when the key is unset.
+        value = self.compare_set(key, _UNSET, _UNSET)
+        return None if value == _UNSET else value
+
+
+def _default_store() -> dist.Store:
+    return dist.distributed_c10d._get_default_store()
+
+
+_main_clients: dict[int, tuple[dist.Store, StoreClient]] = {}
+
+
+def main_store_client() -> StoreClient:
+    """The calling process's connection for the control plane's requests, made once per store."""
+    store = _default_store()
+    known = _main_clients.get(id(store))
+    if known is None or known[0] is not store:
+        _main_clients.clear()
+        known = _main_clients[id(store)] = (store, StoreClient(store.clone()))
+    return known[1]
