@@ -22,13 +22,13 @@ Printed per size:
   member leaving it, p50 and p99 over members and sessions;
 * keys left: keys under the control plane's prefix after the sessions,
   besides the one status key per rank;
-Above ``--listen-max`` ranks the simulated ranks run without their wake
-listener (one connection and one blocked wait each, no request rate), to
-keep the client processes' connections and threads within this machine.
-
 * idle requests/s: every request made in the ``--idle-s`` seconds that
   follow the last session's tail (two beat intervals, in which the liveness
   thread writes "idle" once), every liveness thread still running (target 0).
+
+Above ``--listen-max`` ranks the simulated ranks run without their wake
+listener (one connection and one blocked wait each, no request rate), to
+keep the client processes' connections and threads within this machine.
 
 The figures of time (latency, peak rate) are those of thousands of Python
 threads sharing the machine's cores: an upper bound on what real ranks, each

@@ -157,14 +157,12 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
 
         setattr(dist.ProcessGroup, method, counted)
     if patched:
-        from torch._inductor.runtime import (
-            collective_benchmarking as cb,
-            collective_control,
-        )
+        from torch._inductor.runtime import collective_control, collective_session
 
         # Wall time of the protocol's sync steps (issue + wait), on this rank.
-        for name in ("_all_reduce_max", "_all_gather"):
-            original = getattr(cb.CollectiveBenchmarker, name)
+
+        for name in ("_exchange", "_commit"):
+            original = getattr(collective_session.SessionRun, name)
 
             def timed(self, *args, _original=original, **kwargs):
                 start = time.perf_counter()
@@ -175,16 +173,16 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
                         report.get("sync_wall_s", 0.0) + time.perf_counter() - start
                     )
 
-            setattr(cb.CollectiveBenchmarker, name, timed)
-        original_rendezvous = collective_control.ControlStore.rendezvous
+            setattr(collective_session.SessionRun, name, timed)
+        original_gather = collective_control.ControlStore.gather
 
-        def rendezvous(self, tag, value, what, also=()):
-            result = original_rendezvous(self, tag, value, what, also)
+        def gather(self, tag, *args, **kwargs):
+            result = original_gather(self, tag, *args, **kwargs)
             if tag.startswith("failure"):
                 report.setdefault("agreed_at", time.time())
             return result
 
-        collective_control.ControlStore.rendezvous = rendezvous
+        collective_control.ControlStore.gather = gather
 
     x = torch.ones(1 << 14)
     start = time.time()
