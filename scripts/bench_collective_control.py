@@ -5,7 +5,7 @@ One TCPStore server (as torchrun starts for a job) and N simulated ranks:
 lightweight clients, threads spread over a few processes, each running the
 real control-plane code of a session with store connections of its own:
 its ``Liveness`` (heartbeat, watch, and the wake listener's blocked wait),
-a ``ControlStore`` session, and the real join of ``CollectiveBenchmarker``
+a ``ControlStore`` session, and the real join (``collective_join.join``)
 (digest count, rendezvous, claims).
 No process group is built: what a session does between its join and its end
 (the candidates' runs, the exchange and the commit) is collectives, which
@@ -70,6 +70,7 @@ def _simulated_ranks(
         CollectiveBenchmarker,
         OpToTune,
     )
+    from torch._inductor.runtime.collective_join import join
 
     threading.stack_size(512 * 1024)
     config = CollectiveBenchmarkConfig(
@@ -136,7 +137,7 @@ def _simulated_ranks(
             )
             with control.session():
                 arrivals.append(time.monotonic())
-                benchmarker._join(control, [op], [list(op.candidates)], [None])
+                join(benchmarker, control, [op], [list(op.candidates)], [None])
                 returns.append(time.monotonic())
                 time.sleep(0.05)  # the candidates' runs, exchange and commit
                 control.count("committed")

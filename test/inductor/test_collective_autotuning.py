@@ -576,7 +576,7 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         DELAY_MS.clear()
         DELAY_MS.update({"default": SLOW_MS, "good": SLOW_MS / 5})
         with self.assertLogs(
-            "torch._inductor.runtime.collective_benchmarking", "WARNING"
+            "torch._inductor.runtime.collective_join", "WARNING"
         ) as logs:
             ran_while_compiling, ran_here, result, _ = self._autotune(
                 all_reduce_op, decompositions, device

@@ -22,7 +22,8 @@ Inductor can do this at two points:
   with the node's pointwise *epilogue* (``collective_epilogue.py``): the chain
   of pointwise single users that follows it in the graph, so that a candidate
   whose tail fuses with it is timed fused.  The winner's graph is then inlined
-  in place of the node, and ordinary fusion fuses its tail with the epilogue.
+  in place of the node (``collective_inlining.py``), and ordinary fusion
+  fuses its tail with the epilogue.
 
 ``torch._inductor.config.defer_collective_autotuning`` (env
 ``TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING``, on by default) selects V2.  V1
@@ -106,10 +107,8 @@ member of several groups cannot wait for a peer that waits for it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import logging
 from typing import Any, TYPE_CHECKING
 
 import torch
@@ -120,6 +119,7 @@ from torch._inductor.collective_epilogue import (
     epilogue_to_time_with,
     time_with_epilogue,
 )
+from torch._inductor.collective_inlining import inline_winners, splice
 from torch._inductor.runtime.collective_benchmarking import (
     Candidate,
     CollectiveBenchmarkConfig,
@@ -141,12 +141,10 @@ from torch._inductor.virtualized import V
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Sequence
 
     from torch._inductor.kernel.custom_op import RangeBounds
 
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "CollectiveRange",
@@ -378,12 +376,12 @@ def finalize_collective_multi_template_buffers(
     replacements = [
         (
             node,
-            *_inline_winners(node, [winners[t] for t in tunables_of[node.get_name()]]),
+            *inline_winners(node, [winners[t] for t in tunables_of[node.get_name()]]),
         )
         for node in nodes
     ]
     for node, new_ops, out_buffer in replacements:
-        _splice(node, new_ops, out_buffer)
+        splice(node, new_ops, out_buffer)
     return V.graph.operations
 
 
@@ -560,115 +558,3 @@ def _report(tunable: _Tunable, winner: Any, timings: dict[Any, float]) -> Any:
             {},
         )
     return V.choices.override_best_choice(winner, timings)
-
-
-# --- replacing a node with its winner ----------------------------------------------
-@contextlib.contextmanager
-def _lowering_of(node: ir.CollectiveMultiTemplateBuffer) -> Iterator[None]:
-    # The state the op's lowering ran in.  Lowering code reads the FX node
-    # being lowered; outside of lowering it is the node's own.  And while the
-    # op's autotuning lowering runs, a call of the op itself (the graph of a
-    # config without a decomposition, a range won by the eager default)
-    # lowers as the op, not through that lowering again (graph.py's recursion
-    # guard), which would defer it anew, past its group's session.
-    target = node.fx_node.target if node.fx_node is not None else None
-    guarded = V.active_user_lowering_ops
-    guard = target is not None and target not in guarded
-    if guard:
-        guarded.add(target)
-    try:
-        with (
-            ir.IRNode.current_origins(node.origins),
-            # None when the node was made outside lowering: as there, no FX node.
-            V.set_current_node(node.fx_node),  # type: ignore[arg-type]
-        ):
-            yield
-    finally:
-        if guard:
-            guarded.discard(target)
-
-
-def _inline_winners(
-    node: ir.CollectiveMultiTemplateBuffer, winners: list[Any]
-) -> tuple[list[ir.Operation], ir.OperationBuffer]:
-    # The operations that replace the node (registered in V.graph), and the
-    # buffer among them that takes its place.
-    registered = len(V.graph.operations)
-    layout = node.layout
-    assert isinstance(layout, ir.Layout)  # it is constructed with one
-    with _lowering_of(node):
-        dispatch = node.range_dispatch
-        if dispatch is not None:
-            result = dispatch.lower(winners)
-            if result is None:
-                # Every rank traces the same dispatch: all raise alike.
-                raise RuntimeError(
-                    f"the range dispatch of {node.op_name} adds guards; "
-                    "it cannot be lowered once its ranges are decided"
-                )
-            out_buffer: ir.OperationBuffer = _materialize(result, layout)
-        else:
-            (winner,) = winners
-            if getattr(winner, "gm", None) is not None:
-                from torch._inductor.codegen.subgraph import (
-                    inline_subgraph_to_ir_nodes,
-                )
-
-                result = inline_subgraph_to_ir_nodes(
-                    winner.gm, list(node.original_inputs), node.op_name
-                )
-                out_buffer = _materialize(result, layout)
-                if winner.config_patches:
-                    for op in V.graph.operations[registered:]:
-                        op.set_config_patches(winner.config_patches.copy())
-            else:
-                out_buffer = winner.output_node().data.data
-                out_buffer.layout = layout
-    log.debug(
-        "collective node %s: inlined %s",
-        node.get_name(),
-        [getattr(winner, "name", winner) for winner in winners],
-    )
-    return V.graph.operations[registered:], out_buffer
-
-
-def _materialize(result: ir.TensorBox, layout: ir.Layout) -> ir.ComputedBuffer:
-    # A pointwise copy into the node's layout.  When the winner ends in a
-    # pointwise op (not yet realized), the copy *is* that op, and it fuses
-    # with the epilogue like any pointwise node.
-    buffer = ir.ComputedBuffer(
-        name=None,
-        layout=layout,
-        data=ir.Pointwise(
-            device=layout.device,
-            dtype=layout.dtype,
-            inner_fn=result.make_loader(),
-            ranges=list(layout.size),
-        ),
-    )
-    buffer.name = V.graph.register_buffer(buffer)
-    V.graph.register_operation(buffer)
-    return buffer
-
-
-def _splice(
-    node: ir.CollectiveMultiTemplateBuffer,
-    new_ops: list[ir.Operation],
-    out_buffer: ir.OperationBuffer,
-) -> None:
-    # The winner's operations take the node's place in program order (comm
-    # ordering depends on it) and its output takes the node's names (users,
-    # graph outputs and the wrapper refer to the node by name).
-    graph = V.graph
-    for op in new_ops:
-        graph.operations.remove(op)
-    del graph.name_to_buffer[out_buffer.get_name()]
-    del graph.name_to_op[out_buffer.get_operation_name()]
-    out_buffer.name = node.get_name()
-    out_buffer.operation_name = node.get_operation_name()
-    graph.name_to_buffer[out_buffer.name] = out_buffer
-    graph.name_to_op[out_buffer.operation_name] = out_buffer
-    graph.buffers.remove(out_buffer)
-    graph.buffers[graph.buffers.index(node)] = out_buffer
-    position = graph.operations.index(node)
-    graph.operations[position : position + 1] = new_ops

@@ -29,6 +29,8 @@ The modules
 -----------
 * this one: a *session* over a group, from the join to the decision
   (:class:`CollectiveBenchmarker`), and the public API;
+* ``collective_join.py``: the join, which agrees on what the session
+  benchmarks;
 * ``collective_session.py``: the benchmarking part of a session (warmups,
   interleaved timed runs, exchange, commit, failure agreements);
 * ``collective_control.py``: the control plane: agreement over the job's
@@ -54,10 +56,11 @@ per group and graph when the scheduler tunes a graph's collective ops together
 (V2, :meth:`~CollectiveBenchmarker.run_batch`; see
 ``torch/_inductor/collective_autotuning.py``).  A session:
 
-1. **Join (the pre-sync).**  One rendezvous over the store.  Every member
-   counts itself under a digest of what it tunes: the ops' keys, their
-   candidates' names and roles, the group, the settings, and each
-   candidate's *collective signature* (the collectives its graph issues).
+1. **Join (the pre-sync)**, ``collective_join.py``.  One rendezvous over the
+   store.  Every member counts itself under a digest of what it tunes: the
+   ops' keys, their candidates' names and roles, the group, the settings,
+   and each candidate's *collective signature* (the collectives its graph
+   issues).
    When the digests are not all equal, the members exchange the details: ops
    that differ are an error on every member, naming the first differing op;
    a candidate whose signature differs between members (it would issue
@@ -99,12 +102,9 @@ compilation; ``presync`` counts joins, ``exchanges`` exchanges and
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import re
 import time
-from collections import Counter
 from datetime import timedelta
 from typing import Any, TYPE_CHECKING
 
@@ -120,7 +120,6 @@ from .collective_choices import (
     choices_identity,
     collective_candidates,
     collective_group_name,
-    digest,
 )
 from .collective_control import (
     CollectiveBenchmarkError,
@@ -140,13 +139,12 @@ from .collective_decisions import (
     CandidateStatus,
     CollectiveDecision,
     decide,
-    decision_from_json,
-    decision_to_json,
     pick_winner,
     RankReport,
     SCREENING_TOLERANCES,
     select_winner,
 )
+from .collective_join import join
 from .collective_session import SessionRun
 from .collective_timing import device_of, time_runs, timed
 
@@ -295,23 +293,6 @@ class OpToTune:
     memo_key: str | None = None
 
 
-# Inductor numbers the subgraph choices it creates over the whole process
-# (SubgraphTemplate.index_counter): "..._direct_7".  The number depends on what
-# the process compiled before, so it differs between ranks.
-_COMPILE_COUNTER = re.compile(r"_\d+$")
-
-
-@dataclasses.dataclass
-class _Joined:
-    """What the members agreed on at the join."""
-
-    to_run: list[int]  # the ops that nobody remembers: benchmarked
-    adopted: dict[int, CollectiveDecision]  # every other op's remembered decision
-    # (op position among to_run, candidate index in preference order) ->
-    # result of a candidate disqualified at the join
-    excluded: dict[tuple[int, int], CandidateResult]
-
-
 class CollectiveBenchmarker:
     """Benchmarks collective candidates in lock-step over one process group.
 
@@ -402,7 +383,7 @@ class CollectiveBenchmarker:
             ordered = [
                 sorted(op.candidates, key=lambda c: not c.is_default) for op in ops
             ]
-            joined = self._join(control, ops, ordered, remembered)
+            joined = join(self, control, ops, ordered, remembered)
             # Compiled only now, and only what the group benchmarks: an op
             # that some member remembers is compiled by nobody.
             prepared = time.perf_counter()
@@ -499,151 +480,6 @@ class CollectiveBenchmarker:
                     )
                     failed.add((i, index))
         return failed
-
-    def _identity(self, op: OpToTune) -> str:
-        # What every member's op must share for one decision to serve them
-        # all: the candidates (by name, without the per-process counter that
-        # Inductor appends to a choice's name) and their roles, the group and
-        # the settings.  Not the memo key: a candidate's traced graph may hold
-        # rank-dependent constants (which slot is this rank's), so the memo
-        # key, and the decisions a rank remembers by it, are the rank's own.
-        candidates = [
-            (_COMPILE_COUNTER.sub("", candidate.name), candidate.is_default)
-            for candidate in op.candidates
-        ]
-        return f"{self.decision_context()}|{candidates}"
-
-    def _join(
-        self,
-        control: ControlStore,
-        ops: Sequence[OpToTune],
-        ordered: Sequence[Sequence[Candidate]],
-        remembered: Sequence[CollectiveDecision | None],
-    ) -> _Joined:
-        # The pre-sync: one rendezvous, counted under the digest of what this
-        # member tunes (see the module docstring).
-        op_digests = [digest(f"{op.key}|{self._identity(op)}") for op in ops]
-        signatures = [[c.signature for c in candidates] for candidates in ordered]
-        tuned = digest(f"{op_digests}|{self.config}|{signatures}")
-        posted: list[int] = []
-        for i, decision in enumerate(remembered):
-            if decision is None:
-                continue
-            held_by = control.claim(
-                f"holder{i}", decision_cache.decision_digest(decision)
-            )
-            if held_by.partition("|")[0] == str(self.rank):
-                control.post(f"adopt{i}/{self.rank}", decision_to_json(decision))
-                posted.append(i)
-        control.count(f"digest/{tuned}")
-        with timed("presync_s"):
-            control.barrier("join", "the start of autotuning")
-        counters["collective_autotuning"]["presync"] += 1
-        excluded: dict[tuple[int, int], CandidateResult] = {}
-        if control.count(f"digest/{tuned}", 0) != self.size:
-            excluded = self._reconcile(control, ops, ordered, op_digests, signatures)
-        joined = _Joined([], {}, {})
-        for i in range(len(ops)):
-            # Read after the join: a lower rank may have claimed after this one.
-            claim = control.read_claim(f"holder{i}")
-            if claim is None:
-                joined.to_run.append(i)
-                continue
-            holder, _, memo = claim.partition("|")
-            if i in posted and holder != str(self.rank):
-                # A lower rank claimed after this one: its post is not read.
-                control.client.delete(f"{control.prefix}adopt{i}/{self.rank}")
-            control.delete_on_leave(f"adopt{i}/{holder}")
-            held = remembered[i]
-            if held is not None and memo == decision_cache.decision_digest(held):
-                joined.adopted[i] = held
-            else:
-                joined.adopted[i] = decision_from_json(
-                    control.fetch(f"adopt{i}/{holder}")
-                )
-        for position, i in enumerate(joined.to_run):
-            for index in range(len(ordered[i])):
-                if (i, index) in excluded:
-                    joined.excluded[(position, index)] = excluded[(i, index)]
-        return joined
-
-    def _reconcile(
-        self,
-        control: ControlStore,
-        ops: Sequence[OpToTune],
-        ordered: Sequence[Sequence[Candidate]],
-        op_digests: list[str],
-        signatures: list[list[str]],
-    ) -> dict[tuple[int, int], CandidateResult]:
-        # The members' digests differ: every member posts its details and
-        # reads everyone's.  Different ops or settings are an error on every
-        # member; a candidate whose collectives differ between members is
-        # disqualified everywhere (keyed by op and candidate index in
-        # preference order), and the rest compete.
-        detail = json.dumps([op_digests, str(self.config), signatures])
-        posts = control.gather("join-detail", detail, "the start of autotuning")
-        details = [json.loads(post) for post in posts if post is not None]
-        if len(details) != self.size or any(
-            other[:2] != details[self.rank][:2] for other in details
-        ):
-            self._raise_different_ops(details, ops)
-        excluded = {}
-        for i, candidates in enumerate(ordered):
-            for index, candidate in enumerate(candidates):
-                seen = [member[2][i][index] for member in details]
-                if len(set(seen)) == 1:
-                    continue
-                usual = Counter(seen).most_common(1)[0][0]
-                excluded[(i, index)] = CandidateResult(
-                    candidate.name,
-                    tuple(
-                        RankReport(
-                            CandidateStatus.DESYNCHRONIZED
-                            if signature != usual
-                            else CandidateStatus.OK
-                        )
-                        for signature in seen
-                    ),
-                    stage="join: its collectives differ between ranks",
-                )
-                log.warning(
-                    "collective autotuning: %s issues different collectives on "
-                    "ranks %s of group %r; disqualified on every rank",
-                    candidate.name,
-                    [rank for rank, signature in enumerate(seen) if signature != usual],
-                    self.group_name,
-                )
-        return excluded
-
-    def _raise_different_ops(
-        self, details: list[list[Any]], ops: Sequence[OpToTune]
-    ) -> None:
-        lists = [member[0] for member in details]
-        mine = lists[self.rank]
-        # The first op index at which two members differ (one may have no op there).
-        position = next(
-            (
-                i
-                for i in range(max(map(len, lists)))
-                if len({tuple(ranks[i : i + 1]) for ranks in lists}) > 1
-            ),
-            None,
-        )
-        if position is None:
-            where = "every member holds the same ops; the benchmark settings differ"
-        elif position < len(mine):
-            where = (
-                f"they first differ at op {position}; on this rank it is "
-                f"{ops[position].key!r}"
-            )
-        else:
-            where = f"they first differ at op {position}, which this rank does not have"
-        raise CollectiveBenchmarkError(
-            f"collective autotuning: the ranks of group {self.group_name!r} are not "
-            f"tuning the same ops (op counts by rank: {[len(ranks) for ranks in lists]}"
-            f"; {where}; candidates on this rank: "
-            f"{[[c.name for c in op.candidates] for op in ops]})"
-        )
 
     def _decide(
         self,

@@ -1,0 +1,166 @@
+"""Replacing a deferred collective node by the operations of its agreed winner.
+
+Under the scheduler path (``collective_autotuning.py``), a collective custom
+op is lowered to an :class:`~torch._inductor.ir.CollectiveMultiTemplateBuffer`
+holding every choice; once its group has agreed on a winner, the node must
+become the winner's operations, as if the op had been lowered to them in the
+first place.  This module does that, in two steps that the caller keeps
+apart:
+
+* :func:`inline_winners` lowers the winner (a choice's graph, inlined with
+  ``inline_subgraph_to_ir_nodes`` as V1 does at lowering; an extern kernel;
+  or a range dispatch's ``lower`` with the winner of each range) and
+  registers its operations at the end of ``V.graph.operations``.  It runs in
+  the state the op was lowered in (:func:`_lowering_of`): lowering code reads
+  the FX node being lowered and the origins, and a call of the op itself
+  inside a winner (the graph of a config without a decomposition, a range
+  won by the eager default) must lower as the op, not be deferred again
+  after its group's session is over.
+* :func:`splice` moves those operations to the node's place in program order
+  (comm ordering depends on it) and gives their output the node's buffer and
+  operation names (its users, the graph's outputs and the wrapper refer to
+  the node by name).
+
+Every winner of a graph is inlined before any is spliced: operation names
+come from the length of ``V.graph.operations``, which must not shrink while
+operations are still being registered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, TYPE_CHECKING
+
+from torch._inductor import ir
+from torch._inductor.virtualized import V
+
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+log = logging.getLogger(__name__)
+
+__all__ = ["inline_winners", "splice"]
+
+
+@contextlib.contextmanager
+def _lowering_of(node: ir.CollectiveMultiTemplateBuffer) -> Iterator[None]:
+    # The state the op's lowering ran in.  Lowering code reads the FX node
+    # being lowered; outside of lowering it is the node's own.  And while the
+    # op's autotuning lowering runs, a call of the op itself (the graph of a
+    # config without a decomposition, a range won by the eager default)
+    # lowers as the op, not through that lowering again (graph.py's recursion
+    # guard), which would defer it anew, past its group's session.
+    target = node.fx_node.target if node.fx_node is not None else None
+    guarded = V.active_user_lowering_ops
+    guard = target is not None and target not in guarded
+    if guard:
+        guarded.add(target)
+    try:
+        with (
+            ir.IRNode.current_origins(node.origins),
+            # None when the node was made outside lowering: as there, no FX node.
+            V.set_current_node(node.fx_node),  # type: ignore[arg-type]
+        ):
+            yield
+    finally:
+        if guard:
+            guarded.discard(target)
+
+
+def inline_winners(
+    node: ir.CollectiveMultiTemplateBuffer, winners: list[Any]
+) -> tuple[list[ir.Operation], ir.OperationBuffer]:
+    """Lower ``node``'s winners and register their operations in ``V.graph``.
+
+    ``winners`` holds the agreed winning choice, or the winner of each range
+    of a range-dispatched node in its ranges' order.  Returns the operations
+    registered, and the buffer among them that is to take the node's place
+    (see :func:`splice`).  Raises ``RuntimeError`` when a range dispatch
+    cannot be lowered without adding guards.
+    """
+    registered = len(V.graph.operations)
+    layout = node.layout
+    assert isinstance(layout, ir.Layout)  # it is constructed with one
+    with _lowering_of(node):
+        dispatch = node.range_dispatch
+        if dispatch is not None:
+            result = dispatch.lower(winners)
+            if result is None:
+                # Every rank traces the same dispatch: all raise alike.
+                raise RuntimeError(
+                    f"the range dispatch of {node.op_name} adds guards; "
+                    "it cannot be lowered once its ranges are decided"
+                )
+            out_buffer: ir.OperationBuffer = _materialize(result, layout)
+        else:
+            (winner,) = winners
+            if getattr(winner, "gm", None) is not None:
+                from torch._inductor.codegen.subgraph import (
+                    inline_subgraph_to_ir_nodes,
+                )
+
+                result = inline_subgraph_to_ir_nodes(
+                    winner.gm, list(node.original_inputs), node.op_name
+                )
+                out_buffer = _materialize(result, layout)
+                if winner.config_patches:
+                    for op in V.graph.operations[registered:]:
+                        op.set_config_patches(winner.config_patches.copy())
+            else:
+                out_buffer = winner.output_node().data.data
+                out_buffer.layout = layout
+    log.debug(
+        "collective node %s: inlined %s",
+        node.get_name(),
+        [getattr(winner, "name", winner) for winner in winners],
+    )
+    return V.graph.operations[registered:], out_buffer
+
+
+def _materialize(result: ir.TensorBox, layout: ir.Layout) -> ir.ComputedBuffer:
+    # A pointwise copy into the node's layout.  When the winner ends in a
+    # pointwise op (not yet realized), the copy *is* that op, and it fuses
+    # with the epilogue like any pointwise node.
+    buffer = ir.ComputedBuffer(
+        name=None,
+        layout=layout,
+        data=ir.Pointwise(
+            device=layout.device,
+            dtype=layout.dtype,
+            inner_fn=result.make_loader(),
+            ranges=list(layout.size),
+        ),
+    )
+    buffer.name = V.graph.register_buffer(buffer)
+    V.graph.register_operation(buffer)
+    return buffer
+
+
+def splice(
+    node: ir.CollectiveMultiTemplateBuffer,
+    new_ops: list[ir.Operation],
+    out_buffer: ir.OperationBuffer,
+) -> None:
+    """Put ``new_ops`` in ``node``'s place, ``out_buffer`` under its names.
+
+    ``new_ops`` and ``out_buffer`` are what :func:`inline_winners` returned
+    for ``node``; the node leaves ``V.graph``'s operations and buffers.
+    """
+    # Program order matters to comm ordering; the names to the node's users,
+    # the graph's outputs and the wrapper.
+    graph = V.graph
+    for op in new_ops:
+        graph.operations.remove(op)
+    del graph.name_to_buffer[out_buffer.get_name()]
+    del graph.name_to_op[out_buffer.get_operation_name()]
+    out_buffer.name = node.get_name()
+    out_buffer.operation_name = node.get_operation_name()
+    graph.name_to_buffer[out_buffer.name] = out_buffer
+    graph.name_to_op[out_buffer.operation_name] = out_buffer
+    graph.buffers.remove(out_buffer)
+    graph.buffers[graph.buffers.index(node)] = out_buffer
+    position = graph.operations.index(node)
+    graph.operations[position : position + 1] = new_ops

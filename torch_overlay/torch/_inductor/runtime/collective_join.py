@@ -1,0 +1,246 @@
+"""The join of a collective autotuning session: the pre-sync.
+
+Why a module of its own
+-----------------------
+The join is the one step of a session whose outcome is not a timing: it
+decides *what* the session does (which ops are benchmarked, which are
+adopted from a member's memory, which candidates are disqualified before
+running) and whether it may go on at all.  It is also the step that an
+unhealthy job reaches first, so its error messages are the ones users read.
+It is kept apart from the session's sequencing
+(:class:`~torch._inductor.runtime.collective_benchmarking.CollectiveBenchmarker`)
+so that its rules can be read, and simulated, on their own
+(``scripts/bench_collective_control.py`` runs it for a thousand simulated
+ranks without a process group).
+
+What the join agrees on
+-----------------------
+Every member counts itself under a digest of what it tunes: each op's key
+and :func:`op_identity` (its candidates by name and role, the group and the
+settings), the settings, and each candidate's collective signature.  Equal
+digests on every member, the common case, cost one rendezvous.  Otherwise
+the members post their details and read everyone's (``_reconcile``): ops or
+settings that differ are an error on every member, naming the first
+differing op, since pairing the wrong rounds would hang or corrupt; a
+candidate whose signature differs between members would issue different
+collectives on different ranks, and is disqualified on every member without
+running, while the others still compete.
+
+Each member also claims, per op, the decision it remembers (see
+``collective_decision_cache.py``): the lowest-ranked claimant posts its
+decision, and an op that any member remembers is adopted by every member
+instead of being benchmarked.  Claims are read after the rendezvous, when
+every member has made its own.
+
+The functions take the session's benchmarker as ``member``: they read its
+group name, rank, size, configuration and ``decision_context()``, nothing
+else, so a stand-in holding those runs the real join.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+from collections import Counter
+from typing import Any, TYPE_CHECKING
+
+from torch._dynamo.utils import counters
+
+from . import collective_decision_cache as decision_cache
+from .collective_choices import digest
+from .collective_control import CollectiveBenchmarkError
+from .collective_decisions import (
+    CandidateResult,
+    CandidateStatus,
+    CollectiveDecision,
+    decision_from_json,
+    decision_to_json,
+    RankReport,
+)
+from .collective_timing import timed
+
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .collective_benchmarking import Candidate, CollectiveBenchmarker, OpToTune
+    from .collective_control import ControlStore
+
+
+__all__ = ["Joined", "join", "op_identity"]
+
+log = logging.getLogger(__name__)
+
+
+# Inductor numbers the subgraph choices it creates over the whole process
+# (SubgraphTemplate.index_counter): "..._direct_7".  The number depends on what
+# the process compiled before, so it differs between ranks.
+_COMPILE_COUNTER = re.compile(r"_\d+$")
+
+
+@dataclasses.dataclass
+class Joined:
+    """What the members agreed on at the join."""
+
+    to_run: list[int]  # the ops that nobody remembers: benchmarked
+    adopted: dict[int, CollectiveDecision]  # every other op's remembered decision
+    # (op position among to_run, candidate index in preference order) ->
+    # result of a candidate disqualified at the join
+    excluded: dict[tuple[int, int], CandidateResult]
+
+
+def op_identity(member: CollectiveBenchmarker, op: OpToTune) -> str:
+    """What every member's op must share for one decision to serve them all.
+
+    The candidates (by name, without the per-process counter that Inductor
+    appends to a choice's name) and their roles, the group and the settings.
+    """
+    # Not the memo key: a candidate's traced graph may hold rank-dependent
+    # constants (which slot is this rank's), so the memo key, and the
+    # decisions a rank remembers by it, are the rank's own.
+    candidates = [
+        (_COMPILE_COUNTER.sub("", candidate.name), candidate.is_default)
+        for candidate in op.candidates
+    ]
+    return f"{member.decision_context()}|{candidates}"
+
+
+def join(
+    member: CollectiveBenchmarker,
+    control: ControlStore,
+    ops: Sequence[OpToTune],
+    ordered: Sequence[Sequence[Candidate]],
+    remembered: Sequence[CollectiveDecision | None],
+) -> Joined:
+    """The pre-sync of a session over ``ops``: what the members agreed on.
+
+    Every member of the group calls it in the session of ``control``, with
+    its ops, their candidates in preference order (``ordered``) and the
+    decision it remembers per op (or ``None``).  Returns the ops to
+    benchmark, the decisions adopted for the others, and the candidates
+    disqualified at the join.  Raises
+    :class:`~torch._inductor.runtime.collective_control.CollectiveBenchmarkError`
+    on every member when the members' ops or settings differ.
+    """
+    op_digests = [digest(f"{op.key}|{op_identity(member, op)}") for op in ops]
+    signatures = [[c.signature for c in candidates] for candidates in ordered]
+    tuned = digest(f"{op_digests}|{member.config}|{signatures}")
+    posted: list[int] = []
+    for i, decision in enumerate(remembered):
+        if decision is None:
+            continue
+        held_by = control.claim(f"holder{i}", decision_cache.decision_digest(decision))
+        if held_by.partition("|")[0] == str(member.rank):
+            control.post(f"adopt{i}/{member.rank}", decision_to_json(decision))
+            posted.append(i)
+    control.count(f"digest/{tuned}")
+    with timed("presync_s"):
+        control.barrier("join", "the start of autotuning")
+    counters["collective_autotuning"]["presync"] += 1
+    excluded: dict[tuple[int, int], CandidateResult] = {}
+    if control.count(f"digest/{tuned}", 0) != member.size:
+        excluded = _reconcile(member, control, ops, ordered, op_digests, signatures)
+    joined = Joined([], {}, {})
+    for i in range(len(ops)):
+        # Read after the join: a lower rank may have claimed after this one.
+        claim = control.read_claim(f"holder{i}")
+        if claim is None:
+            joined.to_run.append(i)
+            continue
+        holder, _, memo = claim.partition("|")
+        if i in posted and holder != str(member.rank):
+            # A lower rank claimed after this one: its post is not read.
+            control.client.delete(f"{control.prefix}adopt{i}/{member.rank}")
+        control.delete_on_leave(f"adopt{i}/{holder}")
+        held = remembered[i]
+        if held is not None and memo == decision_cache.decision_digest(held):
+            joined.adopted[i] = held
+        else:
+            joined.adopted[i] = decision_from_json(control.fetch(f"adopt{i}/{holder}"))
+    for position, i in enumerate(joined.to_run):
+        for index in range(len(ordered[i])):
+            if (i, index) in excluded:
+                joined.excluded[(position, index)] = excluded[(i, index)]
+    return joined
+
+
+def _reconcile(
+    member: CollectiveBenchmarker,
+    control: ControlStore,
+    ops: Sequence[OpToTune],
+    ordered: Sequence[Sequence[Candidate]],
+    op_digests: list[str],
+    signatures: list[list[str]],
+) -> dict[tuple[int, int], CandidateResult]:
+    # The members' digests differ: every member posts its details and
+    # reads everyone's.  Different ops or settings are an error on every
+    # member; a candidate whose collectives differ between members is
+    # disqualified everywhere (keyed by op and candidate index in
+    # preference order), and the rest compete.
+    detail = json.dumps([op_digests, str(member.config), signatures])
+    posts = control.gather("join-detail", detail, "the start of autotuning")
+    details = [json.loads(post) for post in posts if post is not None]
+    if len(details) != member.size or any(
+        other[:2] != details[member.rank][:2] for other in details
+    ):
+        _raise_different_ops(member, details, ops)
+    excluded = {}
+    for i, candidates in enumerate(ordered):
+        for index, candidate in enumerate(candidates):
+            seen = [rank_detail[2][i][index] for rank_detail in details]
+            if len(set(seen)) == 1:
+                continue
+            usual = Counter(seen).most_common(1)[0][0]
+            excluded[(i, index)] = CandidateResult(
+                candidate.name,
+                tuple(
+                    RankReport(
+                        CandidateStatus.DESYNCHRONIZED
+                        if signature != usual
+                        else CandidateStatus.OK
+                    )
+                    for signature in seen
+                ),
+                stage="join: its collectives differ between ranks",
+            )
+            log.warning(
+                "collective autotuning: %s issues different collectives on "
+                "ranks %s of group %r; disqualified on every rank",
+                candidate.name,
+                [rank for rank, signature in enumerate(seen) if signature != usual],
+                member.group_name,
+            )
+    return excluded
+
+
+def _raise_different_ops(
+    member: CollectiveBenchmarker, details: list[list[Any]], ops: Sequence[OpToTune]
+) -> None:
+    lists = [rank_detail[0] for rank_detail in details]
+    mine = lists[member.rank]
+    # The first op index at which two members differ (one may have no op there).
+    position = next(
+        (
+            i
+            for i in range(max(map(len, lists)))
+            if len({tuple(ranks[i : i + 1]) for ranks in lists}) > 1
+        ),
+        None,
+    )
+    if position is None:
+        where = "every member holds the same ops; the benchmark settings differ"
+    elif position < len(mine):
+        where = (
+            f"they first differ at op {position}; on this rank it is "
+            f"{ops[position].key!r}"
+        )
+    else:
+        where = f"they first differ at op {position}, which this rank does not have"
+    raise CollectiveBenchmarkError(
+        f"collective autotuning: the ranks of group {member.group_name!r} are not "
+        f"tuning the same ops (op counts by rank: {[len(ranks) for ranks in lists]}"
+        f"; {where}; candidates on this rank: "
+        f"{[[c.name for c in op.candidates] for op in ops]})"
+    )
