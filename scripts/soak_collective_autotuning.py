@@ -7,7 +7,8 @@ with the implementations of ``torch._inductor.kernel.collective_implementations`
 registered, the kinds (all_reduce, all_gather, reduce_scatter, all_to_all) and
 sizes (``--sizes``, float32 elements per rank) taken in turn, under V2 (the
 default) and V1 alternately.  Dynamo is reset and remembered decisions are
-forgotten before each compile, so that every session benchmarks.  After each
+forgotten before each compile, and the FX graph cache is off, so that every
+session benchmarks.  After each
 session every rank checks the result exactly, and that every rank took the
 same decision.
 
@@ -27,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,7 +83,11 @@ def worker(sessions: int, sizes: list[int], out_dir: Path) -> None:
         with (
             V.set_choices_handler(recorder),
             inductor_config.patch(
-                defer_collective_autotuning=defer, autotune_local_cache=False
+                defer_collective_autotuning=defer,
+                autotune_local_cache=False,
+                # Every session benchmarks: a program from the FX graph cache
+                # would only replay its session's join.
+                fx_graph_cache=False,
             ),
         ):
             result = torch.compile(lambda x, op=case.op: op(x, group_name))(x)
@@ -116,6 +122,9 @@ def soak(nproc: int, args: argparse.Namespace) -> dict:
     with tempfile.TemporaryDirectory(prefix="soak-") as out_dir:
         command = [
             sys.executable,
+            # A native crash prints every thread's Python stack to the rank's log.
+            "-X",
+            "faulthandler",
             __file__,
             "--worker",
             "--sessions",
@@ -159,6 +168,10 @@ def soak(nproc: int, args: argparse.Namespace) -> dict:
             else ""
             for r in range(nproc)
         ]
+        if hangs or any(ranks[r].returncode for r in range(nproc)):
+            kept = Path("build", "soak-failures", f"{nproc}ranks-{int(time.time())}")
+            shutil.copytree(out_dir, kept)
+            print(f"# {nproc} ranks: the ranks' logs are kept in {kept}", flush=True)
         records = [
             [
                 json.loads(line)
