@@ -108,6 +108,14 @@ FAULTS: dict[str, Fault] = {}
 CALLED_AT: dict[tuple[str, int], float] = {}
 
 
+def clear_probes() -> None:
+    """Forget what candidates ran and the delays and faults injected into them."""
+    RAN.clear()
+    DELAY_MS.clear()
+    FAULTS.clear()
+    CALLED_AT.clear()
+
+
 @torch.library.custom_op("collective_autotune_test::probe", mutates_args=())
 def probe(x: torch.Tensor, impl: str) -> torch.Tensor:
     RAN.append(impl)
@@ -383,10 +391,7 @@ class AutotuningTestMixin:
 
     def reset_rank(self) -> None:
         super().reset_rank()  # type: ignore[misc]
-        RAN.clear()
-        DELAY_MS.clear()
-        FAULTS.clear()
-        CALLED_AT.clear()
+        clear_probes()
 
     def _input(self, rank: int, device: torch.device) -> torch.Tensor:
         values = torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * rank

@@ -56,6 +56,7 @@ from test_collective_autotuning import (
     _expected,
     all_reduce_candidate,
     all_reduce_op,
+    clear_probes,
     tuning_config,
 )
 
@@ -69,10 +70,7 @@ class LivenessTests:
 
     def reset_rank(self) -> None:
         super().reset_rank()  # type: ignore[misc]
-        RAN.clear()
-        DELAY_MS.clear()
-        FAULTS.clear()
-        CALLED_AT.clear()
+        clear_probes()
 
     def _input(self) -> torch.Tensor:
         return (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * self.rank).view(
