@@ -156,14 +156,19 @@ def _git_tree(path: Path, files_from: Path) -> Path:
     return path
 
 
-def test_apply_source_commits_each_patch_with_its_overlay(stack, tmp_path):
-    repo, wheel, run = stack
+def _pristine_checkout(wheel: Path, tmp_path: Path) -> Path:
+    """A git checkout of the wheel's ``torch/`` files: a source tree at the base release."""
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(
             tmp_path / "files",
             [n for n in archive.namelist() if n.startswith("torch/")],
         )
-    checkout = _git_tree(tmp_path / "checkout", tmp_path / "files")
+    return _git_tree(tmp_path / "checkout", tmp_path / "files")
+
+
+def test_apply_source_commits_each_patch_with_its_overlay(stack, tmp_path):
+    repo, wheel, run = stack
+    checkout = _pristine_checkout(wheel, tmp_path)
     assert run("apply-source", str(checkout)) == 0
     log = queue.git(checkout, "log", "--format=%s", "-2").splitlines()
     assert log == ["[inductor] Change line twenty", "base"]
@@ -173,12 +178,7 @@ def test_apply_source_commits_each_patch_with_its_overlay(stack, tmp_path):
 
 def test_apply_source_refuses_dirty_checkout_and_wrong_version(stack, tmp_path, capsys):
     repo, wheel, run = stack
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(
-            tmp_path / "files",
-            [n for n in archive.namelist() if n.startswith("torch/")],
-        )
-    checkout = _git_tree(tmp_path / "checkout", tmp_path / "files")
+    checkout = _pristine_checkout(wheel, tmp_path)
     (checkout / "torch" / "foo.py").write_text("edited\n")
     assert run("apply-source", str(checkout)) == 1
     assert "uncommitted changes" in capsys.readouterr().err

@@ -24,7 +24,7 @@ import pytest
 from torch_patch_stack import queue, series
 from torch_patch_stack.wheel import STACK_INFO_PATH
 
-from test_patchstack import _git_tree
+from test_patchstack import _pristine_checkout
 
 MODULE = "torch/_new_module.py"
 LATER_HEADER = """[inductor] Extend the new module
@@ -84,12 +84,7 @@ def test_every_prefix_builds_with_its_module(two_patches, tmp_path, capsys):
 
 def test_apply_source_commits_each_module_as_of_its_patch(two_patches, tmp_path):
     repo, wheel, run = two_patches
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(
-            tmp_path / "files",
-            [n for n in archive.namelist() if n.startswith("torch/")],
-        )
-    checkout = _git_tree(tmp_path / "checkout", tmp_path / "files")
+    checkout = _pristine_checkout(wheel, tmp_path)
     assert run("apply-source", str(checkout)) == 0
     assert queue.git(checkout, "show", f"HEAD~1:{MODULE}") == "VALUE = 1\n"
     assert queue.git(checkout, "show", f"HEAD:{MODULE}") == "VALUE = 1\nOTHER = 2\n"
