@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import datetime
+import logging
 import os
 import shutil
 import signal
@@ -63,6 +64,8 @@ funcol = torch.ops._c10d_functional
 # each: the probe is how a test makes a candidate slow and sees what ran.
 RAN: list[str] = []
 DELAY_MS: dict[str, float] = {}
+# (implementation, call) -> delay of that one call, in place of DELAY_MS's.
+DELAY_AT_CALL_MS: dict[tuple[str, int], float] = {}
 SLOW_MS = 50.0  # far above a gloo collective, even with 4 ranks on 2 busy cores
 NWARMUP = 2
 NRUNS = 5
@@ -112,6 +115,7 @@ def clear_probes() -> None:
     """Forget what candidates ran and the delays and faults injected into them."""
     RAN.clear()
     DELAY_MS.clear()
+    DELAY_AT_CALL_MS.clear()
     FAULTS.clear()
     CALLED_AT.clear()
 
@@ -140,7 +144,7 @@ def probe(x: torch.Tensor, impl: str) -> torch.Tensor:
             # channel that the implementation's name resolves to), which no
             # peer issues: this rank blocks until a peer joins it.
             dist.all_reduce(torch.ones(1), group=dist.group.WORLD)
-    delay = DELAY_MS.get(impl, 0.0)
+    delay = DELAY_AT_CALL_MS.get((impl, call), DELAY_MS.get(impl, 0.0))
     if delay:
         time.sleep(delay / 1e3)
     return x.clone()
@@ -542,6 +546,69 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         # exchange: its timed runs ran everywhere, keeping the ranks matched.
         self.assertGreaterEqual(ran["wrong_on_one_rank"], NWARMUP + NRUNS)
         self.assertGreaterEqual(ran["good"], NWARMUP + NRUNS + 1)
+
+    def test_faster_at_the_median_but_not_significantly_keeps_the_default(self):
+        # "lucky" is several times faster than the default at the median of
+        # its timed runs, but it was faster in only NRUNS - 1 of the paired
+        # runs: at 95% the sign test cannot tell that from chance, so the
+        # agreed decision keeps the default, and every rank must run it.
+        device = self._init_rank()
+        decompositions = [
+            ("lucky", all_reduce_candidate("lucky")),
+            ("slow", all_reduce_candidate("slow")),
+        ]
+        DELAY_MS.update({"default": SLOW_MS / 5, "slow": SLOW_MS})
+        DELAY_AT_CALL_MS[("lucky", NWARMUP + 1)] = SLOW_MS  # its first timed run
+        ran_while_compiling, ran_here, result, _ = self._autotune(
+            all_reduce_op, decompositions, device
+        )
+        self._assert_agreed_winner(ran_here, "default")
+        self.assertEqual(ran_while_compiling["lucky"], NWARMUP + NRUNS)
+        inputs = [self._input(r, device) for r in range(self.world_size)]
+        torch.testing.assert_close(
+            result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0
+        )
+
+    def test_rank_local_override_cannot_change_the_agreed_choice(self):
+        # InductorChoices.override_best_choice is rank-local: on rank 0 it
+        # would swap the agreed winner for the slowest candidate.  Every rank
+        # must still run the agreed winner (the warning says why).
+        from torch._inductor.choices import InductorChoices
+        from torch._inductor.virtualized import V
+
+        class SlowestOnRankZero(InductorChoices):
+            def override_best_choice(self, best_choice, timings):
+                if dist.get_rank() != 0:
+                    return best_choice
+                return max(timings, key=timings.__getitem__)
+
+        device = self._init_rank()
+        decompositions = [
+            ("direct", all_reduce_direct),
+            ("rs_ag", all_reduce_rs_ag),
+        ]
+        DELAY_MS.update({"default": SLOW_MS, "rs_ag": SLOW_MS})
+        with (
+            V.set_choices_handler(SlowestOnRankZero()),
+            self.assertLogs("torch._inductor.runtime.collective_choices") as logs,
+        ):
+            _, ran_here, result, _ = self._autotune(
+                all_reduce_op, decompositions, device
+            )
+            if self.rank != 0:  # assertLogs needs a record on every rank
+                logging.getLogger("torch._inductor.runtime.collective_choices").info(
+                    "no override on this rank"
+                )
+        self._assert_agreed_winner(ran_here, "direct")
+        self.assertEqual(
+            any("cannot change on one rank alone" in line for line in logs.output),
+            self.rank == 0,
+            logs.output,
+        )
+        inputs = [self._input(r, device) for r in range(self.world_size)]
+        torch.testing.assert_close(
+            result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0
+        )
 
     def test_stall_past_timeout_disqualifies_candidate(self):
         faults = {"stalls": Fault("stall", [self.world_size - 1], call=NWARMUP + 2)}

@@ -2,10 +2,13 @@
 
 What this checks:
 
-* ``pick_winner`` / ``select_winner``: the fastest qualified candidate wins;
-  near-ties go to the default, then to registration order; all-failed gives
-  no winner (every rank then uses the default).  Property-based: the winner
-  only depends on the agreed times and the order.
+* ``pick_winner``: the fastest qualified candidate wins; near-ties go to
+  the default, then to registration order; all-failed gives no winner (every
+  rank then uses the default).  Property-based: the winner only depends on
+  the agreed times and the order.
+* ``AgreedTimings.agreed_choice``: the choice that runs is the decision's
+  winner (never re-picked on the medians), after ``min_speedup_threshold``;
+  a rank-local ``override_best_choice`` cannot change it.
 * ``earliest_failure``: the rule every rank applies to the failure reports
   of its peers blames the same round with the same statuses, whatever order
   the reports come in.
@@ -37,6 +40,7 @@ from torch._inductor.runtime import (
     collective_benchmarking as cb,
     collective_decisions as cd,
 )
+from torch._inductor.runtime.collective_choices import AgreedTimings
 from torch._inductor.runtime.collective_session import classify
 from torch.testing._internal.common_utils import TestCase, run_tests
 
@@ -102,38 +106,77 @@ class TestPickWinner(TestCase):
         )
 
 
+def result(name: str, runs: list[float], status=OK) -> cd.CandidateResult:
+    return cd.CandidateResult(name, (cd.RankReport(status, tuple(runs)),))
+
+
 class FakeChoice:
-    """What the decision rules read from a ChoiceCaller: a name, and a graph unless it is the default."""
+    """What the collective rules read from a ChoiceCaller: a name, and a graph unless it is the default."""
 
     def __init__(self, name, gm=None):
         self.name, self.gm = name, gm
 
 
-class TestSelectWinner(TestCase):
-    def choices(self):
-        return (
-            FakeChoice("first", gm=object()),
-            FakeChoice("second", gm=object()),
-            FakeChoice("default"),
+class TestAgreedChoice(TestCase):
+    """The winner comes from the group's decision only, whatever the medians say."""
+
+    def agreed(self, decision_winner, times, reason="fastest"):
+        # Choices in registration order, the default (the eager op) last, as
+        # Inductor lists them; the decision's results put the default first.
+        choices = [FakeChoice("first"), FakeChoice("second"), FakeChoice("default")]
+        names = [("0:first", False), ("1:second", False), ("2:default", True)]
+        results = tuple(
+            result(name, [time] * 5)
+            if math.isfinite(time)
+            else result(name, [], RAISED)
+            for (name, _), time in zip(names, times, strict=True)
+        )
+        decision = cd.CollectiveDecision("0", results, decision_winner, reason)
+        return choices, AgreedTimings(choices, names, decision)
+
+    def test_the_decision_not_the_medians_names_the_winner(self):
+        # "first" is the fastest at the median, but the decision (the sign
+        # test or the noise floor) kept the default: the default runs.
+        choices, timings = self.agreed(
+            "2:default", [1.0, 2.0, 4.0], "the default stays"
+        )
+        self.assertIs(timings.agreed_choice(), choices[2])
+        self.assertEqual(
+            dict(timings), dict(zip(choices, [1.0, 2.0, 4.0], strict=True))
         )
 
-    def test_default_wins_a_near_tie_although_listed_last(self):
-        first, second, default = self.choices()
-        timings = {first: 1.0, second: 1.005, default: 1.01}
-        self.assertIs(
-            cb.select_winner(timings, [first, second, default], 0.02), default
-        )
+    def test_min_speedup_threshold_applies_to_the_agreed_medians(self):
+        choices, timings = self.agreed("0:first", [2.0, 3.0, 3.0])
+        self.assertIs(timings.agreed_choice(), choices[0])
+        self.assertIs(timings.agreed_choice(min_speedup_threshold=1.4), choices[0])
+        self.assertIs(timings.agreed_choice(min_speedup_threshold=1.6), choices[2])
+        threshold = cd.apply_speedup_threshold(timings.decision, "2:default", 1.6)
+        self.assertEqual(threshold.winner, "2:default")
+        self.assertIn("1.50x faster, below min_speedup_threshold=1.6", threshold.reason)
 
-    def test_registration_order_breaks_ties_between_non_defaults(self):
-        first, second, default = self.choices()
-        timings = {first: 1.01, second: 1.0, default: 5.0}
-        self.assertIs(cb.select_winner(timings, [first, second, default], 0.02), first)
-        self.assertIs(cb.select_winner(timings, [first, second, default], 0.0), second)
+    def test_a_disqualified_default_is_no_fallback_for_the_threshold(self):
+        choices, timings = self.agreed("0:first", [2.0, 3.0, math.inf])
+        self.assertIs(timings.agreed_choice(min_speedup_threshold=10.0), choices[0])
 
-    def test_all_failed_selects_nothing(self):
-        first, second, default = self.choices()
-        timings = {first: math.inf, second: math.inf, default: math.inf}
-        self.assertIsNone(cb.select_winner(timings, [first, second, default], 0.02))
+    def test_nothing_qualified_runs_the_default(self):
+        choices, timings = self.agreed(None, [math.inf] * 3)
+        self.assertIs(timings.agreed_choice(), choices[2])
+
+    def test_a_rank_local_override_is_ignored(self):
+        from torch._inductor.choices import InductorChoices
+        from torch._inductor.virtualized import V
+
+        class Slowest(InductorChoices):
+            def override_best_choice(self, best_choice, timings):
+                return max(timings, key=timings.__getitem__)
+
+        choices, timings = self.agreed("0:first", [1.0, 2.0, 4.0])
+        with (
+            V.set_choices_handler(Slowest()),
+            self.assertLogs("torch._inductor.runtime.collective_choices") as logs,
+        ):
+            self.assertIs(timings.agreed_choice(), choices[0])
+        self.assertIn("cannot change on one rank alone", logs.output[0])
 
 
 class TestFailureAgreement(TestCase):
@@ -172,10 +215,6 @@ class TestFailureAgreement(TestCase):
             max(r.status for r in first[1]), max(r.status for r in second[1])
         )
         self.assertEqual(first[2], second[2])
-
-
-def result(name: str, runs: list[float], status=OK) -> cd.CandidateResult:
-    return cd.CandidateResult(name, (cd.RankReport(status, tuple(runs)),))
 
 
 class TestNoiseRules(TestCase):

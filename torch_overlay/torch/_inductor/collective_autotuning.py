@@ -127,9 +127,9 @@ from torch._inductor.runtime.collective_benchmarking import (
     CollectiveDecision,
     OpToTune,
     resolve_group,
-    select_winner,
 )
 from torch._inductor.runtime.collective_choices import (
+    AgreedTimings,
     candidate_names,
     choices_identity,
     collective_candidates,
@@ -369,7 +369,7 @@ def finalize_collective_multi_template_buffers(
         )
         for members, op, outcome in zip(sharing.values(), ops, agreed, strict=True):
             for member in members:
-                winners[member] = _agreed_winner(member, op, outcome, benchmark_config)
+                winners[member] = _agreed_winner(member, op, outcome)
     # Inline every winner first and splice afterwards: operation names come
     # from the length of V.graph.operations, which must not shrink while ops
     # are still being registered.
@@ -489,55 +489,17 @@ class _Runners:
 
 
 # --- the agreed winner ---------------------------------------------------------------
-def _agreed_winner(
-    tunable: _Tunable,
-    op: OpToTune,
-    outcome: CollectiveDecision,
-    benchmark_config: CollectiveBenchmarkConfig,
-) -> Any:
+def _agreed_winner(tunable: _Tunable, op: OpToTune, outcome: CollectiveDecision) -> Any:
     # Identical tunables list the same choices in the same order, so the
     # candidates of the one benchmarked stand for each member's choices.
-    choices = tunable.choices
-    timings = {
-        choice: outcome.time_ms(c.name)
-        for choice, c in zip(choices, op.candidates, strict=True)
-    }
-    # The op's eager implementation; None when it was registered with
-    # include_fallback=False.
-    default = next(
-        (
-            choice
-            for choice, c in zip(choices, op.candidates, strict=True)
-            if c.is_default
-        ),
-        None,
+    timings = AgreedTimings(
+        tunable.choices, [(c.name, c.is_default) for c in op.candidates], outcome
     )
-    winner = select_winner(timings, choices, benchmark_config.tie_tolerance)
-    if winner is None:
-        # nothing qualified on every rank: what V1 falls back to
-        winner = default if default is not None else choices[0]
-    if default is not None:
-        winner = _apply_speedup_threshold(
-            winner, default, timings, tunable.node.min_speedup_threshold
-        )
-    return _report(tunable, winner, timings)
+    _report(tunable, timings)
+    return timings.agreed_choice(tunable.node.min_speedup_threshold)
 
 
-def _apply_speedup_threshold(
-    winner: Any, default: Any, timings: dict[Any, float], threshold: float
-) -> Any:
-    # The rule of autotune_select_algorithm's min_speedup_threshold: a
-    # decomposition must beat the eager default by the given factor.
-    if (
-        winner is default
-        or threshold <= 1.0
-        or timings[default] / timings[winner] >= threshold
-    ):
-        return winner
-    return default
-
-
-def _report(tunable: _Tunable, winner: Any, timings: dict[Any, float]) -> Any:
+def _report(tunable: _Tunable, timings: dict[Any, float]) -> None:
     # The hooks autotune_select_algorithm calls after benchmarking, so that
     # tools built on them see both paths alike.  The timings are the agreed
     # ones (with the epilogue under this path), the same on every rank.
@@ -557,4 +519,3 @@ def _report(tunable: _Tunable, winner: Any, timings: dict[Any, float]) -> Any:
             profiled_time_fn,
             {},
         )
-    return V.choices.override_best_choice(winner, timings)

@@ -142,7 +142,6 @@ from .collective_decisions import (
     pick_winner,
     RankReport,
     SCREENING_TOLERANCES,
-    select_winner,
 )
 from .collective_join import join
 from .collective_session import SessionRun
@@ -176,7 +175,6 @@ __all__ = [
     "recorded_sessions",
     "replay_sessions",
     "resolve_group",
-    "select_winner",
     "sync_with_timeout",
     "time_runs",
     "try_collective_benchmark_with_timeout",

@@ -12,12 +12,17 @@ each choice on fixed benchmark inputs.
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any, cast, TYPE_CHECKING
 
 import torch
 
 from .collective_control import CollectiveBenchmarkError
-from .collective_decisions import is_default_choice
+from .collective_decisions import (
+    apply_speedup_threshold,
+    CollectiveDecision,
+    is_default_choice,
+)
 
 
 if TYPE_CHECKING:
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "AgreedTimings",
     "benchmark_collective_choices",
     "candidate_names",
     "choices_identity",
@@ -34,6 +40,9 @@ __all__ = [
     "collective_group_name",
     "collective_signature",
 ]
+
+log = logging.getLogger(__name__)
+decision_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
 
@@ -172,8 +181,9 @@ def benchmark_collective_choices(
     """Benchmark Inductor ``ChoiceCaller``s that contain collectives; agreed ms per choice.
 
     Every rank of the choices' group must call it with the same choices in the
-    same order.  Returns a dict in ``choices`` order, identical on every rank,
-    with inf for a disqualified choice; use ``select_winner`` on it.  Raises
+    same order.  Returns :class:`AgreedTimings` in ``choices`` order, identical
+    on every rank, with inf for a disqualified choice; its
+    :meth:`~AgreedTimings.agreed_choice` is the winner.  Raises
     :class:`CollectiveBenchmarkError` when a member is lost or the members are
     not tuning the same op.
     """
@@ -200,10 +210,74 @@ def benchmark_collective_choices(
     decision = benchmarker.run(
         candidates, key=key, memo_key=f"{choices_identity(choices)}|alone"
     )
-    return {
-        choice: decision.time_ms(candidate.name)
-        for choice, candidate in zip(choices, candidates, strict=True)
-    }
+    return AgreedTimings(
+        choices, [(c.name, c.is_default) for c in candidates], decision
+    )
+
+
+class AgreedTimings(dict[Any, float]):
+    """The agreed time of each choice in ms (inf: disqualified), and the group's decision.
+
+    Identical on every rank of the group.  The timings feed the autotuner's
+    logs and feedback hooks; the winner comes from the decision only
+    (:meth:`agreed_choice`), never from a rank re-picking on the medians:
+    the decision applies the do-no-harm rules (``collective_decisions.decide``)
+    that the medians alone do not show.
+    """
+
+    def __init__(
+        self,
+        choices: Sequence[Any],
+        names: Sequence[tuple[str, bool]],
+        decision: CollectiveDecision,
+    ) -> None:
+        super().__init__(
+            (choice, decision.time_ms(name))
+            for choice, (name, _) in zip(choices, names, strict=True)
+        )
+        self.decision = decision
+        self._choice_named = {
+            name: choice for choice, (name, _) in zip(choices, names, strict=True)
+        }
+        self._default = next((name for name, is_default in names if is_default), None)
+
+    def agreed_choice(self, min_speedup_threshold: float = 1.0) -> Any:
+        """The choice every rank of the group runs.
+
+        The decision's winner after ``min_speedup_threshold``
+        (``collective_decisions.apply_speedup_threshold``); the op's default
+        when nothing qualified (the first choice when it has none).
+        ``InductorChoices.override_best_choice`` is called, as after any
+        autotuning, but it is rank-local: an answer other than the agreed
+        choice is logged and ignored, since ranks running different choices
+        issue mismatched collectives.
+        """
+        from torch._inductor.virtualized import V
+
+        decision = apply_speedup_threshold(
+            self.decision, self._default, min_speedup_threshold
+        )
+        if decision is not self.decision:
+            decision_log.debug(
+                "collective autotuning over group %r: %s",
+                decision.group_name,
+                decision.reason,
+            )
+        name = decision.winner if decision.winner is not None else self._default
+        choices = list(self._choice_named.values())
+        agreed = self._choice_named[name] if name is not None else choices[0]
+        overridden = V.choices.override_best_choice(agreed, dict(self))
+        if overridden is not agreed:
+            log.warning(
+                "collective autotuning: InductorChoices.override_best_choice chose %s "
+                "on this rank instead of %s, which every rank of group %r agreed on; "
+                "a collective choice cannot change on one rank alone, so %s runs",
+                getattr(overridden, "name", overridden),
+                getattr(agreed, "name", agreed),
+                decision.group_name,
+                getattr(agreed, "name", agreed),
+            )
+        return agreed
 
 
 def choices_identity(choices: Sequence[Any]) -> str:

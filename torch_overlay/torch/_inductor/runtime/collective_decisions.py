@@ -19,7 +19,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "CollectiveDecision",
     "RankReport",
     "SCREENING_TOLERANCES",
+    "apply_speedup_threshold",
     "beats_default",
     "decide",
     "noise_floor",
@@ -40,7 +41,6 @@ __all__ = [
     "is_default_choice",
     "outputs_match",
     "pick_winner",
-    "select_winner",
     "sign_test_p_value",
 ]
 
@@ -312,20 +312,32 @@ def is_default_choice(choice: Any) -> bool:
     return getattr(choice, "gm", None) is None
 
 
-def select_winner(
-    timings: Mapping[Any, float], choices: Sequence[Any], tie_tolerance: float
-) -> Any | None:
-    """The winning choice given agreed ``timings``: the default first, then ``choices`` order.
-
-    A pure function of its arguments; ranks that agree on the timings pick the
-    same choice.  ``None`` when no choice has a finite time.
+def apply_speedup_threshold(
+    decision: CollectiveDecision, default: str | None, threshold: float
+) -> CollectiveDecision:
+    """``decision`` under ``min_speedup_threshold``: a winner other than the default
+    (named ``default``; ``None`` when the op has none) must be at least
+    ``threshold`` times faster than it at the agreed medians, or the default
+    stays.  A pure function of agreed data, like :func:`decide`, so every rank
+    of the group takes the same decision.
     """
-    ordered = sorted(
-        (choice for choice in choices if choice in timings),
-        key=lambda c: not is_default_choice(c),
+    winner = decision.winner
+    if default is None or winner is None or winner == default or threshold <= 1.0:
+        return decision
+    default_ms, winner_ms = decision.time_ms(default), decision.time_ms(winner)
+    if not math.isfinite(default_ms):
+        return decision  # the default was disqualified: nothing to fall back to
+    speedup = default_ms / winner_ms if winner_ms > 0 else 0.0
+    if speedup >= threshold:
+        return decision
+    return dataclasses.replace(
+        decision,
+        winner=default,
+        reason=(
+            f"the default stays: {winner} ({decision.reason}) is {speedup:.2f}x "
+            f"faster, below min_speedup_threshold={threshold:g}"
+        ),
     )
-    index = pick_winner([timings[choice] for choice in ordered], tie_tolerance)
-    return None if index is None else ordered[index]
 
 
 # --- screening ------------------------------------------------------------------
