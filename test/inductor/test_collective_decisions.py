@@ -545,6 +545,46 @@ class TestBenchmarkerOnOneRank(TestCase):
                 [["a", "b", "c", "a"][i] for i in cd.interleaved_order(4, f"op|{run}")],
             )
 
+    def test_deterministic_mode_benchmarks_nothing(self):
+        # As for every op in deterministic mode (may_ban_benchmarking), the
+        # eager default is taken without a session, on both paths.
+        from torch._dynamo.utils import counters
+        from torch._inductor import config
+        from torch._inductor.kernel.collective_implementations import (
+            register_collective_implementations,
+        )
+
+        ran = []
+
+        @torch.library.custom_op(
+            "collective_decisions_test::all_reduce", mutates_args=()
+        )
+        def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+            ran.append("default")
+            out = x.clone()
+            dist.all_reduce(out)
+            return out
+
+        @all_reduce.register_fake
+        def _(x, group_name):
+            return torch.empty_like(x)
+
+        register_collective_implementations(all_reduce, "all_reduce")
+        group_name = dist.group.WORLD.group_name
+        for defer in (False, True):
+            torch._dynamo.reset()
+            counters.clear()
+            ran.clear()
+            with config.patch(
+                deterministic=True,
+                defer_collective_autotuning=defer,
+                fx_graph_cache=False,
+            ):
+                compiled = torch.compile(lambda x: all_reduce(x, group_name) * 2)
+                self.assertEqual(compiled(torch.ones(4)), torch.full((4,), 2.0))
+            self.assertEqual(dict(counters["collective_autotuning"]), {})
+            self.assertEqual(ran, ["default"])
+
     def test_sync_with_timeout_returns_when_every_rank_arrived(self):
         self.assertIsNone(cb.sync_with_timeout(None, timedelta(seconds=5)))
 

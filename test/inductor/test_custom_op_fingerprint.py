@@ -95,6 +95,15 @@ class TestCallableFingerprint(TestCase):
         )
         self.assertEqual(fp(make_scaled(torch.ones(3))), fp(make_scaled(torch.ones(3))))
 
+    def test_captured_tensors_of_every_dtype(self):
+        # numpy has no bfloat16 or float8: the content is hashed as bytes.
+        for dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.bool, torch.cfloat):
+            one, other = torch.ones(3, dtype=dtype), torch.zeros(3, dtype=dtype)
+            self.assertEqual(fp(make_scaled(one)), fp(make_scaled(one.clone())))
+            self.assertNotEqual(fp(make_scaled(one)), fp(make_scaled(other)))
+        scalar = torch.tensor(2.0, dtype=torch.bfloat16)
+        self.assertEqual(fp(make_scaled(scalar)), fp(make_scaled(scalar.clone())))
+
     def test_partials(self):
         self.assertEqual(
             fp(functools.partial(add, y=2)), fp(functools.partial(add, y=2))

@@ -157,9 +157,16 @@ __all__ = [
 
 
 def deferral_enabled() -> bool:
-    """Whether collective choices are left to the scheduler (V2) in this compile."""
+    """Whether collective choices are left to the scheduler (V2) in this compile.
+
+    Not in deterministic mode: Inductor then benchmarks nothing whose outcome
+    can differ between runs (``runtime.benchmarking.may_ban_benchmarking``),
+    and the lowering path takes the op's eager default without a session,
+    as ``autotune_select_algorithm`` does for every op.
+    """
     return (
         bool(config.defer_collective_autotuning)
+        and not config.deterministic
         and config.test_configs.force_custom_op_decomposition is None
     )
 

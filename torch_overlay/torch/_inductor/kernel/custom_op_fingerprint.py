@@ -58,6 +58,11 @@ def _digest(parts: Any) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()
 
 
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes()
+
+
 def _value(value: Any, seen: set[int]) -> Any:
     """A description of ``value`` that is equal in every process where the value is."""
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
@@ -85,13 +90,13 @@ def _value(value: Any, seen: set[int]) -> Any:
             value.device.type == "cpu"
             and value.numel() <= _TENSOR_CONTENT_LIMIT
             and not value.is_sparse
+            and not value.is_quantized
         ):
             return (
                 "tensor",
                 metadata,
-                hashlib.sha256(
-                    value.detach().contiguous().numpy().tobytes()
-                ).hexdigest(),
+                # Bytes, not .numpy(): numpy has no bfloat16 or float8.
+                hashlib.sha256(_tensor_bytes(value)).hexdigest(),
             )
         return ("tensor", metadata)
     if isinstance(value, types.ModuleType):

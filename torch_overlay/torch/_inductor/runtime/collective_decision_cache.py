@@ -52,6 +52,7 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._dynamo.utils import counters
+from torch._inductor.utils import clear_on_fresh_cache
 
 from .collective_choices import digest
 from .collective_decisions import (
@@ -81,8 +82,21 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Agreed decisions of this process: memo key (see _memo_key) -> decision.
-_remembered: dict[tuple[str, ...], CollectiveDecision] = {}
+
+class _Remembered(dict[tuple[str, ...], CollectiveDecision]):
+    """Agreed decisions of this process: memo key (see _memo_key) -> decision.
+
+    ``fresh_cache()`` forgets them together with the cache directory it
+    replaces (``clear_on_fresh_cache``), or a "fresh" compile would adopt
+    them.  Forgetting is safe on some ranks only: the join adopts a decision
+    that any member remembers.
+    """
+
+    def cache_clear(self) -> None:
+        self.clear()
+
+
+_remembered: _Remembered = clear_on_fresh_cache(_Remembered())
 
 # Decisions a group agreed on in a cached program's replay that this rank must
 # compile anew: (group name, op key) -> decision; taken by the compile's run_batch.
