@@ -5,7 +5,10 @@
 # what the installed torch was built from, it only checks.  The first set-up
 # of a release downloads its wheel and torch's dependencies (for 2.15.0 the
 # CUDA build and its CUDA packages, about 5 GB, which import and run on a
-# machine without a GPU); later runs download nothing.
+# machine without a GPU); later runs download nothing.  When pip refuses
+# that release (a constraints file capping torch, in pip's configuration or
+# PIP_CONSTRAINT), it says which constraint, where it is configured, and the
+# remedy (torch_patch_stack/pip_constraints.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -32,14 +35,31 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 
 want=$("$python_bin" -c 'import sys; sys.path.insert(0, sys.argv[1]); from torch_patch_stack import series; from pathlib import Path; r = Path(sys.argv[1]); print(series.stack_digest(r / "patches", r / "torch_overlay"))' "$repo")
+base=$("$python_bin" -c 'import sys; sys.path.insert(0, sys.argv[1]); from torch_patch_stack import series; from pathlib import Path; print(series.read_base(Path(sys.argv[1]) / "patches"))' "$repo")
+
+# pip install the patched wheel; when pip refuses it, say why (pip's own
+# message names neither the constraint nor where it is configured).
+install_torch() {
+  local errors status=0
+  errors=$(mktemp)
+  "${pip[@]}" install "$@" 2>"$errors" || status=$?
+  cat "$errors" >&2
+  if [ "$status" -ne 0 ]; then
+    "$python_bin" -m torch_patch_stack.pip_constraints --python "$venv/bin/python" \
+      --version "$base" <"$errors" | sed 's/^/bootstrap: /' >&2
+    rm -f "$errors"
+    exit "$status"
+  fi
+  rm -f "$errors"
+}
 have=$("$venv/bin/python" scripts/patchstack.py status --json 2>/dev/null | "$python_bin" -c 'import json, sys; print(json.load(sys.stdin)["digest"])' 2>/dev/null || true)
 
 if [ "$want" != "$have" ]; then
   log "building the patched torch wheel (patches/ + torch_overlay/ changed or not installed)"
   wheel=$("$python_bin" scripts/patchstack.py build)
   log "installing $(basename "$wheel")"
-  "${pip[@]}" install --no-deps --force-reinstall "$wheel"
-  "${pip[@]}" install "$wheel"  # torch's own dependencies, if missing
+  install_torch --no-deps --force-reinstall "$wheel"
+  install_torch "$wheel"  # torch's own dependencies, if missing
 else
   log "patched torch is up to date (stack ${want:0:16})"
 fi

@@ -7,7 +7,8 @@ Commands (run ``--help`` on each for options):
   check         patches/ is exactly what export would write, and every patch
                 applies exactly (no offset, no fuzz) to the pristine base
   queue         materialize the patch queue (git, one commit per patch)
-  export        write the queue's commits back to patches/ (and its base to series)
+  export        write the queue's commits back to patches/ (and its base to series
+                and requirements.txt)
   rebase        replay the queue onto another torch release (three-way merges;
                 --continue / --abort after a conflict)
   build         build the patched wheel from the official wheel (--upto: a prefix)
@@ -22,6 +23,7 @@ import argparse
 import difflib
 import filecmp
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -103,6 +105,26 @@ def _overlay_drift(expected: dict[str, str], overlay_dir: Path) -> list[str]:
     ]
 
 
+def _requirements_drift(layout: Layout, base: str) -> list[str]:
+    path = layout.root / series.REQUIREMENTS_FILE
+    if path.is_file() and path.read_text() == series.render_requirements(base):
+        return []
+    declared = (
+        re.findall(r"^torch\S*", path.read_text(), flags=re.MULTILINE)
+        if path.is_file()
+        else []
+    )
+    return [
+        f"{series.REQUIREMENTS_FILE} "
+        + (
+            f"declares {', '.join(declared) or 'no torch'}"
+            if path.is_file()
+            else "is missing"
+        )
+        + f", but patches/series' base is torch=={base}: export writes it from the series"
+    ]
+
+
 def cmd_check(args, layout: Layout) -> int:
     patches = series.read_series(layout.patches)
     base = layout.base
@@ -114,6 +136,7 @@ def cmd_check(args, layout: Layout) -> int:
         queue.write_patches(exported, exported_patches, queue.queue_base(queue_dir))
         problems = _drift_report(exported, layout.patches)
         problems += _overlay_drift(modules, layout.overlay)
+        problems += _requirements_drift(layout, base)
     if problems:
         print("patchstack check: FAILED\n" + "\n".join(problems), file=sys.stderr)
         print(
@@ -185,9 +208,13 @@ def cmd_export(args, layout: Layout) -> int:
     base = queue.queue_base(queue_dir)
     queue.write_patches(layout.patches, patches, base)
     queue.write_overlay(layout.overlay, modules)
+    (layout.root / series.REQUIREMENTS_FILE).write_text(
+        series.render_requirements(base)
+    )
     print(
         f"exported {len(patches)} patches onto torch {base} to {layout.patches}, "
-        f"and {len(modules)} overlay modules to {layout.overlay}"
+        f"{len(modules)} overlay modules to {layout.overlay}, "
+        f"and torch=={base} to {series.REQUIREMENTS_FILE}"
     )
     return 0
 

@@ -127,10 +127,15 @@ def find_official_wheel(
         )
         downloaded = _wheels_of(download_dir, base)
         if result.returncode != 0 or not downloaded:
+            from .pip_constraints import explain_refusal
+
             raise BaseVersionError(
                 f"no official torch=={base} wheel for this Python could be fetched "
-                f"(pip download: {result.stderr.strip().splitlines()[-1:] or ['no wheel']}); "
-                "pass --wheel PATH or set TORCH_PATCH_STACK_WHEEL (nothing was changed)"
+                "(nothing was changed):\n"
+                + explain_refusal(
+                    sys.executable, base, "download", pip_error=result.stderr
+                )
+                + "\nOr give the wheel: --wheel PATH, or TORCH_PATCH_STACK_WHEEL=PATH"
             )
         wheel_dir.mkdir(parents=True, exist_ok=True)
         target = wheel_dir / downloaded[-1].name

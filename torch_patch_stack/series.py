@@ -158,6 +158,25 @@ def render_series(patches: list[Patch], base: str) -> str:
     return header + "".join(f"{patch.file_name}\n" for patch in patches)
 
 
+# Where tools look for the torch release a project needs: written by export
+# from the series' base, checked against it by check.
+REQUIREMENTS_FILE = "requirements.txt"
+
+
+def render_requirements(base: str) -> str:
+    """``requirements.txt``: the torch release ``base`` the series applies to, for tools to find."""
+    return (
+        "# The PyTorch release the patch stack in patches/ is based on.  Written\n"
+        "# by `python scripts/patchstack.py export` from the '# base:' line of\n"
+        "# patches/series, which every patchstack command reads; `patchstack\n"
+        "# check` fails when the two differ.  scripts/bootstrap.sh installs a\n"
+        "# patched build of this release (from its official wheel) into .venv/;\n"
+        "# `pip install -r` of this file installs the unpatched release and its\n"
+        "# dependencies.\n"
+        f"torch=={base}\n"
+    )
+
+
 def overlay_files(overlay_dir: Path) -> list[Path]:
     """Overlay modules relative to ``overlay_dir``, sorted, caches excluded."""
     return sorted(

@@ -12,7 +12,9 @@ with).  What this checks:
   benchmarked.  The same registration made again after a restart hits.
 * Warm restart on every rank: the program comes from the cache on every
   rank, its session is replayed (one join, nothing compiled or benchmarked),
-  and every rank runs the same winner, exactly.
+  and every rank runs the same winner, exactly.  Its code is the same on
+  every rank, so one program serves them all: rank 1, given rank 0's cached
+  programs only, takes rank 0's.
 * Skew: one rank's cache is emptied.  The warm rank replays, the cold rank
   compiles and adopts the warm rank's decision (no benchmarking anywhere),
   and both run the same winner; no failure agreement, no timeout.
@@ -27,6 +29,11 @@ with).  What this checks:
   verdict and fails when the lone rank drops its process group; with
   ``torch.compiler.set_enable_guard_collectives(True)`` both ranks recompile
   together and agree.
+
+Without ranks (a fake process group per "rank"): a decision's key holds the
+group's topology (name, size, global ranks), the same on every member; a
+cached program with collective choices serves the groups it was compiled for,
+and, when its code depends on the rank, that rank only.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
@@ -45,7 +53,12 @@ from torch._inductor.kernel.custom_op import (
     register_custom_op_autotuning,
 )
 from torch._inductor.runtime import collective_decision_cache
-from torch.testing._internal.common_utils import run_tests
+from torch._inductor.runtime.collective_benchmarking import (
+    CollectiveBenchmarkConfig,
+    CollectiveBenchmarker,
+)
+from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from rank_processes import DECISION_CACHES, SpawnedRanksTestCase
 from test_collective_autotuning import (
@@ -178,6 +191,17 @@ class CollectiveCachesTest(SpawnedRanksTestCase):
         )  # other delays: a cache hit ignores them
         self.assertEqual((while_compiling, ran_again), (["rs_ag"], ["rs_ag"]))
         self.assertEqual((stats.get("replayed_sessions"), stats.get("ops", 0)), (1, 0))
+        # Rank 1 with rank 0's programs in place of its own: they serve it.
+        restart()
+        if self.rank == 1:
+            for part in DECISION_CACHES:
+                shutil.rmtree(self.cache_dir / part, ignore_errors=True)
+                shutil.copytree(
+                    self.cache_dir.with_name("rank0") / part, self.cache_dir / part
+                )
+        while_compiling, ran_again, stats = self._compile_and_run("direct")
+        self.assertEqual((while_compiling, ran_again), (["rs_ag"], ["rs_ag"]))
+        self.assertEqual((stats.get("replayed_sessions"), stats.get("ops", 0)), (1, 0))
         dist.destroy_process_group()
 
     def test_a_cold_rank_adopts_the_warm_ranks_decision(self):
@@ -286,6 +310,72 @@ class RecompileTest(SpawnedRanksTestCase):
         )
         torch.compiler.set_enable_guard_collectives(False)
         dist.destroy_process_group()
+
+
+class ProgramsServeTheirGroupsTest(TestCase):
+    """Decision keys and cached programs against the job's topology, without ranks."""
+
+    def tearDown(self):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        super().tearDown()
+
+    @staticmethod
+    def join_job(rank: int, world_size: int) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=rank, world_size=world_size
+        )
+
+    def decision_context(self, rank: int, world_size: int, members=None):
+        self.join_job(rank, world_size)
+        group = dist.group.WORLD if members is None else dist.new_group(members)
+        member = SimpleNamespace(
+            group=group,
+            config=CollectiveBenchmarkConfig.from_inductor_config(),
+            device=torch.device("cpu"),
+        )
+        return CollectiveBenchmarker.decision_context(member)  # type: ignore[arg-type]
+
+    def test_decision_keys_hold_the_topology_not_the_rank(self):
+        self.assertEqual(self.decision_context(0, 3), self.decision_context(2, 3))
+        self.assertIn("'0-2'", self.decision_context(0, 3)[0])
+        self.assertNotEqual(self.decision_context(0, 3), self.decision_context(0, 2))
+        # One name and size, other members.
+        self.assertNotEqual(
+            self.decision_context(0, 4, [0, 1]), self.decision_context(0, 4, [0, 2])
+        )
+
+    def session(self, topology, rank=None):
+        return collective_decision_cache.RecordedSession(
+            "0", "cpu", (), (), topology, rank
+        )
+
+    def test_a_program_serves_the_topology_it_was_compiled_for(self):
+        serves = collective_decision_cache.serves_this_process
+        compiled_at_3 = [self.session(("0", 3, "0-2"))]
+        self.assertFalse(serves(compiled_at_3))  # no process group
+        for rank in range(3):
+            self.join_job(rank, 3)
+            self.assertTrue(serves(compiled_at_3))  # on every rank
+        self.join_job(0, 2)
+        self.assertFalse(serves(compiled_at_3))
+        unknown_group = [
+            collective_decision_cache.RecordedSession(
+                "7", "cpu", (), (), ("7", 2, "0-1"), None
+            )
+        ]
+        self.assertFalse(serves(unknown_group))
+
+    def test_a_program_whose_code_depends_on_the_rank_serves_that_rank(self):
+        compiled_on_1 = [self.session(("0", 3, "0-2"), rank=1)]
+        for rank in range(3):
+            self.join_job(rank, 3)
+            self.assertEqual(
+                collective_decision_cache.serves_this_process(compiled_on_1),
+                rank == 1,
+            )
 
 
 if __name__ == "__main__":

@@ -2,13 +2,19 @@
 
 What this checks: two torchrun launches (``--nnodes 2``, 2 ranks each, c10d
 rendezvous) run ``collective_multinode_worker.py``, which compiles an
-autotuned all_reduce with Inductor's caches at their defaults, three times:
+autotuned all_reduce with Inductor's caches at their defaults, three times,
+then one node alone:
 
 * cold start: both caches empty; the four ranks benchmark together;
 * warm restart: both caches warm; every rank takes the program from its
-  cache and replays its session: nothing is compiled or benchmarked;
+  cache and replays its session: nothing is compiled or benchmarked.  The
+  winner's code depends on the rank and the node's two ranks share their
+  cache directory: each takes the program it compiled;
 * skewed restart: one node's cache emptied; its ranks compile and adopt the
-  decision the other node's ranks replay: nothing is benchmarked.
+  decision the other node's ranks replay: nothing is benchmarked;
+* relaunch at another world size: one node, 2 ranks, on the cache that the
+  4-rank job left (its program has the world size 4 traced in): every rank
+  compiles and benchmarks again, and the result is exact.
 
 Every time, every rank runs the same implementation and the result is
 exact; no rank takes part in a failure agreement (nobody waited for a
@@ -41,6 +47,7 @@ def _free_port() -> int:
 
 class TwoNodeCachesTest(TestCase):
     def _launch(self, caches: dict[str, Path], out: Path) -> list[dict]:
+        # One torchrun per node in caches, 2 ranks each.
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir()
         port = _free_port()
@@ -49,7 +56,7 @@ class TwoNodeCachesTest(TestCase):
                 [
                     str(TORCHRUN),
                     "--nnodes",
-                    "2",
+                    str(len(caches)),
                     "--nproc-per-node",
                     "2",
                     "--rdzv-backend",
@@ -78,7 +85,9 @@ class TwoNodeCachesTest(TestCase):
         reports = [
             json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))
         ]
-        self.assertEqual(len(reports), 4, "\n".join(log[-3000:] for log in logs))
+        self.assertEqual(
+            len(reports), 2 * len(caches), "\n".join(log[-3000:] for log in logs)
+        )
         for report in reports:
             self.assertNotIn("error", report, report)
         return reports
@@ -103,7 +112,7 @@ class TwoNodeCachesTest(TestCase):
                 cache.mkdir()
             cold = self._launch(caches, Path(tmp, "cold"))
             winner = self._check_agreement(cold)
-            self.assertEqual(winner, "rs_ag")
+            self.assertEqual(winner, "own_shard")
             self.assertTrue(
                 all(report["counters"].get("ops", 0) == 1 for report in cold), cold
             )
@@ -133,6 +142,15 @@ class TwoNodeCachesTest(TestCase):
                     self.assertEqual(counted.get("replayed_sessions"), 1, report)
                 else:
                     self.assertEqual(counted.get("recalled"), 1, report)
+
+            resized = self._launch({"A": caches["A"]}, Path(tmp, "resized"))
+            self.assertEqual(self._check_agreement(resized), winner)
+            for report in resized:
+                self.assertEqual(report["world"], 2, report)
+                # compiled again, not taken from the cache
+                self.assertEqual(report["fxgraph"]["hit"], 0, report)
+                self.assertGreaterEqual(report["fxgraph"]["miss"], 1, report)
+                self.assertEqual(report["counters"].get("ops"), 1, report)  # retuned
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ What this checks (no ranks):
 * The FX graph cache key of a graph that calls a registered op changes when
   its registration changes, and is the same for the same registration made
   again; a graph without such an op has the key it had before registration.
+* The same key covers the topology of the process groups the op may run
+  collectives on (one process, a fake process group per "rank"): the same
+  on every rank of a job; another world size, or a group named by the
+  graph or by the registration with other members, is another key; a group
+  nobody names, and the caller's rank, are not part of it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import sys
 import textwrap
 
 import torch
+import torch.distributed as dist
 from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
@@ -31,6 +37,7 @@ from torch._inductor.kernel.custom_op_fingerprint import (
     registration_fingerprint,
 )
 from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 fp = callable_fingerprint
 
@@ -62,6 +69,24 @@ def op(x: torch.Tensor) -> torch.Tensor:
 @op.register_fake
 def _(x):
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("fingerprint_test::grouped_op", mutates_args=())
+def grouped_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return x.clone()
+
+
+@grouped_op.register_fake
+def _(x, group_name):
+    return torch.empty_like(x)
+
+
+def grouped_impl(x, group_name):
+    return x * 1
+
+
+def impl_of_group(x, group_name, tp_group):
+    return x * 1
 
 
 class TestCallableFingerprint(TestCase):
@@ -215,6 +240,113 @@ class TestFxGraphCacheKey(TestCase):
         register_custom_op_autotuning(op, configs=[CustomOpConfig(uses_helper)])
         self.assertNotEqual(self.key(gm), first)
         self.assertEqual(self.key(plain), ())  # graphs without the op are not affected
+
+
+class TestProcessGroupsInTheKey(TestCase):
+    """The topology part of the FX graph cache key, per rank of fake jobs."""
+
+    def setUp(self):
+        super().setUp()
+        register_custom_op_autotuning(
+            grouped_op, configs=[CustomOpConfig(grouped_impl)]
+        )
+
+    def tearDown(self):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        super().tearDown()
+
+    @staticmethod
+    def graph(group_name):
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        call = graph.call_function(
+            torch.ops.fingerprint_test.grouped_op.default, (x, group_name)
+        )
+        graph.output(call)
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+    def key_on(self, rank, world_size, subgroups=(), named=None):
+        """The FX graph cache key's topology part on ``rank`` of a job of ``world_size``.
+
+        ``subgroups`` are created in order, as every rank of a job creates
+        them; ``named`` is the position of the one the graph names (None:
+        the default group's name).
+        """
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=rank, world_size=world_size
+        )
+        try:
+            groups = [dist.new_group(list(ranks)) for ranks in subgroups]
+            name = "0" if named is None else groups[named].group_name
+            return self.details(self.graph(name)).custom_op_autotuning_groups
+        finally:
+            dist.destroy_process_group()
+
+    @staticmethod
+    def details(gm):
+        from torch._inductor.codecache import FxGraphHashDetails
+
+        return FxGraphHashDetails(gm, [torch.ones(4)], {}, [])
+
+    def test_same_job_same_key_on_every_rank(self):
+        keys = {self.key_on(rank, 3) for rank in range(3)}
+        self.assertEqual(keys, {(("0", 3, "0-2"),)})
+
+    def test_another_world_size_is_another_key(self):
+        self.assertNotEqual(self.key_on(0, 3), self.key_on(0, 2))
+
+    def test_groups_the_graph_names(self):
+        # A tensor-parallel group of ranks 0-1 against one of ranks 0 and 2:
+        # the same name and size, other members.
+        pairs = self.key_on(0, 4, [(0, 1)], named=0)
+        self.assertEqual(pairs, (("0", 4, "0-3"), ("1", 2, "0-1")))
+        self.assertEqual(self.key_on(1, 4, [(0, 1)], named=0), pairs)
+        self.assertEqual(
+            self.key_on(0, 4, [(0, 2)], named=0), (("0", 4, "0-3"), ("1", 2, "0,2"))
+        )
+        # A group nobody names is not part of the key.
+        self.assertEqual(self.key_on(0, 4, [(0, 1)]), (("0", 4, "0-3"),))
+
+    def test_groups_the_registration_names(self):
+        # The op is called with the default group's name; its implementation
+        # is given another group's name at registration.
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+        tp = dist.new_group([0, 1])
+        register_custom_op_autotuning(
+            grouped_op,
+            configs=[CustomOpConfig(impl_of_group, tp_group=tp.group_name)],
+        )
+        self.assertEqual(
+            self.details(self.graph("0")).custom_op_autotuning_groups,
+            (("0", 4, "0-3"), (tp.group_name, 2, "0-1")),
+        )
+
+    def test_without_a_process_group_or_a_registered_op(self):
+        self.assertEqual(self.details(self.graph("0")).custom_op_autotuning_groups, ())
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+        plain = torch.fx.symbolic_trace(lambda x: x + 1)
+        self.assertEqual(self.details(plain).custom_op_autotuning_groups, ())
+
+    def test_the_whole_key(self):
+        # The topology reaches the key itself: the same job, the same key on
+        # every rank; another world size, another key.
+        from torch._inductor.codecache import compiled_fx_graph_hash
+
+        def whole_key(rank, world_size):
+            dist.init_process_group(
+                "fake", store=FakeStore(), rank=rank, world_size=world_size
+            )
+            try:
+                key, _ = compiled_fx_graph_hash(
+                    self.graph("0"), [torch.ones(4)], {}, []
+                )
+                return key
+            finally:
+                dist.destroy_process_group()
+
+        self.assertEqual(whole_key(0, 3), whole_key(2, 3))
+        self.assertNotEqual(whole_key(0, 3), whole_key(0, 2))
 
 
 if __name__ == "__main__":

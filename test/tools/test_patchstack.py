@@ -92,6 +92,21 @@ def test_check_fails_on_stray_patch(stack, capsys):
     assert "not produced by export: patches/0002-stray.patch" in capsys.readouterr().err
 
 
+def test_requirements_declare_the_base_and_check_holds_them_to_it(stack, capsys):
+    repo, wheel, run = stack
+    requirements = repo / "requirements.txt"
+    assert requirements.read_text().splitlines()[-1] == "torch==2.13.0"
+    requirements.write_text(requirements.read_text().replace("2.13.0", "2.14.0"))
+    assert run("check", "--wheel", str(wheel)) == 1
+    assert (
+        "requirements.txt declares torch==2.14.0, but patches/series' base is "
+        "torch==2.13.0" in capsys.readouterr().err
+    )
+    requirements.unlink()
+    assert run("check", "--wheel", str(wheel)) == 1
+    assert "requirements.txt is missing" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("drifted_base", "kind"),
     [

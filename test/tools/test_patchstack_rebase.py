@@ -97,6 +97,7 @@ def test_clean_rebase_moves_the_base_everywhere(stack, queue_dir, tmp_path, caps
     assert run("export", "--dir", str(queue_dir)) == 0
 
     assert series.read_base(repo / "patches") == "2.14.0"
+    assert (repo / "requirements.txt").read_text().endswith("\ntorch==2.14.0\n")
     patch = (repo / "patches" / "0001-change-line-twenty.patch").read_text()
     assert "@@ -19,7 +19,7 @@" in patch and "-line 20\n+line twenty\n" in patch
     assert patch.startswith(

@@ -23,6 +23,14 @@ otherwise, never by ``repr`` (which may print an address).  A change that the
 digest cannot see (a global value an implementation reads, a function of
 another module it calls) is not a change of the registration: such state
 belongs in the op's arguments or in ``config_patches``.
+
+A registration's implementations are traced during lowering, for the process
+groups of the job: ``dist.get_world_size()`` or a group's ``size()`` read while
+tracing is baked into the program (``all_gather_into_tensor(x, 3, "0")``).  So
+the key of a program also holds the topology (name, size, global ranks) of
+the groups its autotuned ops may run collectives on, see
+:func:`autotuning_process_groups`: a relaunch at another size compiles again,
+one at the same size hits.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "autotuning_process_groups",
     "callable_fingerprint",
+    "process_group_topology",
     "record_registration",
     "registered_autotuning_fingerprint",
     "registration_fingerprint",
@@ -48,6 +58,11 @@ __all__ = [
 
 # The registration of each op, as its digest: what register_custom_op_autotuning recorded last.
 _registrations: dict[torch._ops.OpOverload, str] = {}
+
+# Per registration digest, the strings its description holds (configs'
+# parameters, captured values, defaults, constants): the process group names
+# among them are groups its implementations may reach by name.
+_strings_of_registration: dict[str, frozenset[str]] = {}
 
 # Tensors captured by an implementation are described by their content up to
 # this many elements, by their metadata beyond.
@@ -220,17 +235,24 @@ def registration_fingerprint(
             )
             for config in configs
         )
-    return _digest(
-        (
-            op_overload.name(),
-            described_configs,
-            None if config_generator is None else _callable(config_generator, seen),
-            None if default_impl is None else _callable(default_impl, seen),
-            tuple(
-                sorted((name, _value(value, seen)) for name, value in options.items())
-            ),
-        )
+    description = (
+        op_overload.name(),
+        described_configs,
+        None if config_generator is None else _callable(config_generator, seen),
+        None if default_impl is None else _callable(default_impl, seen),
+        tuple(sorted((name, _value(value, seen)) for name, value in options.items())),
     )
+    fingerprint = _digest(description)
+    _strings_of_registration[fingerprint] = frozenset(_strings(description))
+    return fingerprint
+
+
+def _strings(description: Any) -> Iterator[str]:
+    if isinstance(description, str):
+        yield description
+    elif isinstance(description, tuple):
+        for part in description:
+            yield from _strings(part)
 
 
 def record_registration(op_overload: torch._ops.OpOverload, fingerprint: str) -> None:
@@ -246,13 +268,92 @@ def registered_autotuning_fingerprint(
     Empty when the graph calls no such op: a cache key that includes it
     changes only for the programs that the registrations reach.
     """
+    found = {op.name(): _registrations[op] for op, _ in _registered_calls(gm)}
+    return tuple(sorted(found.items()))
+
+
+def _registered_calls(
+    gm: torch.fx.GraphModule | None,
+) -> Iterator[tuple[torch._ops.OpOverload, torch.fx.Node]]:
+    # The calls of ops registered for autotuning in gm and its subgraphs.
     if gm is None or not _registrations:
-        return ()
-    found: dict[str, str] = {}
+        return
     for module in gm.modules():
         if not isinstance(module, torch.fx.GraphModule):
             continue
         for node in module.graph.nodes:
-            if node.op == "call_function" and node.target in _registrations:
-                found[node.target.name()] = _registrations[node.target]
-    return tuple(sorted(found.items()))
+            target = node.target
+            if (
+                node.op == "call_function"
+                and isinstance(target, torch._ops.OpOverload)
+                and target in _registrations
+            ):
+                yield target, node
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    # Global ranks in order, runs of consecutive ranks as "a-b": compact at
+    # thousands of ranks.
+    runs: list[list[int]] = []
+    for rank in ranks:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def process_group_topology(
+    group: torch.distributed.ProcessGroup,
+) -> tuple[str, int, str]:
+    """``(name, size, global ranks)`` of ``group``: the same on every member.
+
+    What a program traced for the group depends on besides the caller's own
+    rank; ranks in group order, runs of consecutive ranks written ``"a-b"``.
+    """
+    ranks = torch.distributed.get_process_group_ranks(group)
+    return (group.group_name, group.size(), _ranks_text(ranks))
+
+
+def autotuning_process_groups(
+    gm: torch.fx.GraphModule | None,
+) -> tuple[tuple[str, int, str], ...]:
+    """The topology of every process group that the autotuned ops of ``gm`` may run collectives on.
+
+    :func:`process_group_topology` of the default group and of every existing
+    group whose name a call of a registered op passes as an argument, or that
+    the op's registration names (a config's parameter, a default, a value an
+    implementation captured or a constant of its code), sorted.  Empty when
+    ``gm`` (or a subgraph) calls no op registered for autotuning, or when no
+    default process group exists.
+
+    Which group an implementation's collectives run on is only known once it
+    is traced, during lowering, after the cache key was computed; and
+    whether it issues collectives at all is not known before either, so
+    every registered op counts.  Before tracing, the groups it can reach by
+    name are these.  A group that an implementation reaches otherwise (a
+    ``ProcessGroup`` object it captured) is not covered.  The caller's rank
+    is not part of it: one program serves every rank of a job.
+    """
+    calls = list(_registered_calls(gm))
+    if not calls:
+        return ()
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return ()
+    from torch.distributed.distributed_c10d import _world
+
+    default = dist.group.WORLD
+    if default is None:
+        return ()
+    named: set[str] = set()
+    for op, node in calls:
+        named |= _strings_of_registration.get(_registrations[op], frozenset())
+        torch.fx.node.map_aggregate(
+            (node.args, node.kwargs),
+            lambda value: named.add(value) if isinstance(value, str) else None,
+        )
+    groups = {name: group for group, name in _world.pg_names.items() if name in named}
+    groups[default.group_name] = default
+    return tuple(sorted(process_group_topology(group) for group in groups.values()))

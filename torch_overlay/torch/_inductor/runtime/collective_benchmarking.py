@@ -363,8 +363,9 @@ class CollectiveBenchmarker:
         replayed = decision_cache.take_pre_agreed(self.group_name, ops)
         if replayed is not None:
             # Agreed already, in the join of a cached program's replay that this
-            # compile replaces: the group met for it, it must not meet again.
-            decision_cache.record(self, ops, replayed)
+            # compile replaces: the group met for it, it must not meet again
+            # (nor compared code: the program counts as this rank's own).
+            decision_cache.record(self, ops, replayed, same_code=False)
             return replayed
         remembered: list[CollectiveDecision | None] = (
             list(known)
@@ -422,7 +423,7 @@ class CollectiveBenchmarker:
             decision_cache.remember(self, op, decision)
             self._log(decision, op.key)
             decisions.append(decision)
-        decision_cache.record(self, ops, decisions)
+        decision_cache.record(self, ops, decisions, same_code=joined.same_code)
         stats = counters["collective_autotuning"]
         stats["ops"] += len(joined.to_run)
         stats["recalled"] += len(ops) - len(joined.to_run)
@@ -436,10 +437,15 @@ class CollectiveBenchmarker:
     def decision_context(self) -> tuple[str, str]:
         """What a decision depends on besides the candidates: the group and the settings.
 
-        The group by its name, size, backend and device type; the settings
-        that change a decision (the timeouts only change when a member is
-        given up on).
+        The group by its name, size, global ranks, backend and device type
+        (not by this member's rank: the context is the same on every
+        member); the settings that change a decision (the timeouts only
+        change when a member is given up on).
         """
+        from torch._inductor.kernel.custom_op_fingerprint import (
+            process_group_topology,
+        )
+
         config = self.config
         settings = (
             config.nwarmup,
@@ -450,8 +456,7 @@ class CollectiveBenchmarker:
             config.confidence,
         )
         group = (
-            self.group_name,
-            self.size,
+            *process_group_topology(self.group),
             dist.get_backend(self.group),
             self.device.type,
         )

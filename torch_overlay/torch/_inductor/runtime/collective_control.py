@@ -116,6 +116,10 @@ __all__ = [
     "store_requests",
 ]
 
+# What a key posted to with ControlStore.post_same holds once members posted
+# different values: no member posts it (posted values are digests).
+_DIFFERENT = "|different"
+
 
 class CollectiveBenchmarkError(RuntimeError):
     """Benchmarking cannot reach a decision every rank shares.
@@ -296,6 +300,23 @@ class ControlStore:
     def count(self, name: str, amount: int = 1) -> int:
         """Add ``amount`` to the session's counter ``name``; its new value."""
         return self.client.add(self._key(name), amount)
+
+    def post_same(self, name: str, value: str) -> None:
+        """Post ``value`` under ``name``, which every member posts to.
+
+        The key keeps the first value posted while every member posts that
+        value, and holds a value no member posts once two members posted
+        different ones (values only ever change to it).  Read with
+        :meth:`posted_same` after a rendezvous that every member posted
+        before.  One request, two when the values differ.
+        """
+        key = self._key(name)
+        if self.client.compare_set(key, "", value) != value:
+            self.client.set(key, _DIFFERENT)
+
+    def posted_same(self, name: str, value: str) -> bool:
+        """Whether every member posted ``value`` under ``name`` (see :meth:`post_same`)."""
+        return self.client.read_if_set(self._key(name)) == value
 
     def claim(self, name: str, value: str) -> str:
         """Claim ``name`` for this member with ``value``; the claim that holds so far.

@@ -2,10 +2,10 @@
 
 A collective autotuning decision is remembered under its op's ``memo_key``
 (what is measured: the candidates' code and input layouts, and what each is
-timed with), the group's name, size and backend, and the settings that
-change a decision: in the process, and on disk in Inductor's cache directory
-(``collective_decisions/``, under ``autotune_local_cache``), so that a
-restarted job does not tune again.  Each rank has a cache of its own (one
+timed with), the group's name, size, global ranks and backend, and the
+settings that change a decision: in the process, and on disk in Inductor's
+cache directory (``collective_decisions/``, under ``autotune_local_cache``),
+so that a restarted job does not tune again.  Each rank has a cache of its own (one
 per node, or per rank), so ranks can remember different things: one node's
 cache emptied, a decision made when only some ranks' files survived.  Two
 designs keep a group together:
@@ -37,6 +37,21 @@ rank compiles the graph again and that compile adopts the agreed decisions
 without meeting the group a second time.  Graphs whose compile tuned no
 collective choice record no session and replay nothing: they pay no
 exchange.
+
+A cached program serves the process groups it was compiled for and, when
+its code depends on the rank, that rank only (:func:`serves_this_process`,
+which the FX graph cache applies to every entry under a key before using
+it).  The candidates are traced for their group's topology (a world size
+read while tracing is a constant of the program) and may read the rank
+(which slot or shard is this rank's).  The cache key covers the topology of
+the groups the candidates can reach by name
+(``custom_op_fingerprint.autotuning_process_groups``), not the rank, so that
+one program serves every rank of a job; a program records the topology of
+the groups its sessions ran on, and the rank it was compiled on when the
+join found the candidates' traced code different between members.  The
+ranks of a node sharing a cache directory then each find their own entry
+under the key of a program whose code depends on the rank, and share the
+entries of any other.
 """
 
 from __future__ import annotations
@@ -51,6 +66,7 @@ from pathlib import Path
 from typing import Any, TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 from torch._dynamo.utils import counters
 from torch._inductor.utils import clear_on_fresh_cache
 
@@ -77,6 +93,7 @@ __all__ = [
     "recorded_sessions",
     "remember",
     "replay_sessions",
+    "serves_this_process",
     "take_pre_agreed",
 ]
 
@@ -239,6 +256,11 @@ class RecordedSession:
     # signature), its memo key.
     ops: tuple[tuple[str, tuple[tuple[str, bool, str], ...], str | None], ...]
     decisions: tuple[CollectiveDecision, ...]
+    # The group's (name, size, global ranks) when the program was compiled.
+    topology: tuple[str, int, str]
+    # The global rank the program was compiled on when a winner it inlines
+    # has code that differs between ranks; None when it serves every rank.
+    rank: int | None
 
 
 _recording: contextvars.ContextVar[list[RecordedSession] | None] = (
@@ -261,8 +283,17 @@ def record(
     benchmarker: CollectiveBenchmarker,
     ops: Sequence[OpToTune],
     decisions: Sequence[CollectiveDecision],
+    same_code: bool,
 ) -> None:
-    """Keep a session with the program being compiled, when a compile records sessions."""
+    """Keep a session with the program being compiled, when a compile records sessions.
+
+    ``same_code``: whether the join found the candidates' traced code the
+    same on every member; when it did not and an op's winner is not its
+    default (the op itself, the same code everywhere), the program serves
+    this rank only.
+    """
+    from torch._inductor.kernel.custom_op_fingerprint import process_group_topology
+
     sessions = _recording.get()
     if sessions is None:
         return
@@ -274,14 +305,49 @@ def record(
         )
         for op in ops
     )
+    inlines_a_decomposition = any(
+        decision.winner is not None
+        and decision.winner not in {c.name for c in op.candidates if c.is_default}
+        for op, decision in zip(ops, decisions, strict=True)
+    )
     sessions.append(
         RecordedSession(
             benchmarker.group_name,
             benchmarker.device.type,
             described,
             tuple(decisions),
+            process_group_topology(benchmarker.group),
+            None if same_code or not inlines_a_decomposition else dist.get_rank(),
         )
     )
+
+
+def serves_this_process(sessions: Sequence[RecordedSession]) -> bool:
+    """Whether a cached program that took part in ``sessions`` may run in this process.
+
+    True when every session's group exists here with the topology (name,
+    size, global ranks) it had when the program was compiled, and the
+    program was compiled on this global rank or serves every rank.  Local:
+    no rank waits for another; every member of a group answers alike for
+    the topology, and a program compiled for another rank is only passed
+    over (the rank compiles its own, or finds it under the same key).
+    """
+    from torch._inductor.kernel.custom_op_fingerprint import process_group_topology
+
+    from .collective_control import resolve_group
+
+    if not dist.is_available() or not dist.is_initialized():
+        return False
+    for session in sessions:
+        if session.rank is not None and session.rank != dist.get_rank():
+            return False
+        try:
+            group = resolve_group(session.group_name)
+        except (KeyError, RuntimeError):
+            return False  # the group does not exist in this job
+        if process_group_topology(group) != session.topology:
+            return False
+    return True
 
 
 def _never_run() -> Any:

@@ -30,7 +30,12 @@ Each member also claims, per op, the decision it remembers (see
 ``collective_decision_cache.py``): the lowest-ranked claimant posts its
 decision, and an op that any member remembers is adopted by every member
 instead of being benchmarked.  Claims are read after the rendezvous, when
-every member has made its own.
+every member has made its own.  And it posts a digest of its ops' memo keys
+to one key that all members share (``ControlStore.post_same``): whether the
+candidates' traced code, and so a program that inlines their winners, is
+the same on every member, or holds rank-dependent constants (which slot is
+this rank's), in which case a cached program serves only the rank that
+compiled it.
 
 The functions take the session's benchmarker as ``member``: they read its
 group name, rank, size, configuration and ``decision_context()``, nothing
@@ -89,6 +94,10 @@ class Joined:
     # (op position among to_run, candidate index in preference order) ->
     # result of a candidate disqualified at the join
     excluded: dict[tuple[int, int], CandidateResult]
+    # Whether every member's ops have the same memo keys, which hold the
+    # candidates' traced code: whether a program that inlines the winners is
+    # the same on every member.
+    same_code: bool = False
 
 
 def op_identity(member: CollectiveBenchmarker, op: OpToTune) -> str:
@@ -120,7 +129,8 @@ def join(
     its ops, their candidates in preference order (``ordered``) and the
     decision it remembers per op (or ``None``).  Returns the ops to
     benchmark, the decisions adopted for the others, and the candidates
-    disqualified at the join.  Raises
+    disqualified at the join, and whether the candidates' traced code is
+    the same on every member (``Joined.same_code``).  Raises
     :class:`~torch._inductor.runtime.collective_control.CollectiveBenchmarkError`
     on every member when the members' ops or settings differ.
     """
@@ -135,6 +145,8 @@ def join(
         if held_by.partition("|")[0] == str(member.rank):
             control.post(f"adopt{i}/{member.rank}", decision_to_json(decision))
             posted.append(i)
+    code = digest(repr([op.memo_key for op in ops]))
+    control.post_same("code", code)
     control.count(f"digest/{tuned}")
     with timed("presync_s"):
         control.barrier("join", "the start of autotuning")
@@ -142,7 +154,7 @@ def join(
     excluded: dict[tuple[int, int], CandidateResult] = {}
     if control.count(f"digest/{tuned}", 0) != member.size:
         excluded = _reconcile(member, control, ops, ordered, op_digests, signatures)
-    joined = Joined([], {}, {})
+    joined = Joined([], {}, {}, control.posted_same("code", code))
     for i in range(len(ops)):
         # Read after the join: a lower rank may have claimed after this one.
         claim = control.read_claim(f"holder{i}")
