@@ -1,0 +1,201 @@
+"""Jobs launched as users launch them: every process exits 0, relaunches reuse or retune.
+
+The other multi-rank tests run under a harness that hosts the store in a
+process of its own and gives every test a cache directory; users' jobs do
+neither.  Here ``collective_job_worker.py`` (an autotuned all_reduce whose
+winner is known, ``rs_ag``) runs as a job under each launcher of
+``scripts/collective_jobs.py``, on gloo, with one Inductor cache directory for
+the job, as on one machine:
+
+* ``torchrun`` (``--standalone``: its agent hosts the store), ``torchrun_nodes``
+  (two nodes on loopback, static rendezvous), ``mp_spawn`` (``env://``, rank 0
+  hosts the store) and ``srun`` (processes started directly with RANK,
+  WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT set; rank 0 hosts the store).
+  Each launcher's first launch, on a cold cache, tunes: every rank benchmarks
+  the op once and runs ``rs_ag``, the result is exact, every process exits 0.
+  Each launcher runs at 2 and 3 ranks: two start at 2, two at 3.
+* relaunched at the same size on the warm cache: every rank takes the program
+  from the FX graph cache, benchmarks nothing, runs ``rs_ag``, exits 0;
+* relaunched at the other size: every rank compiles and benchmarks again and
+  the result is exact (the program compiled for the first size must not be
+  replayed: its collectives are sized for it);
+* the store's host (rank 0, ``srun``) exiting 3 s before its peers, and 3 s
+  after them, without ``destroy_process_group``: every process exits 0;
+* a rank whose own code raises after tuning (the store's host under ``srun``,
+  another rank under ``torchrun``) exits with that error; no process aborts
+  (no signal but the launcher's SIGTERM), none outlives the launch's bound.
+
+The control plane's threads are what made a rank abort at exit ("terminate
+called without an active exception", see ``collective_liveness.py``);
+``scripts/bench_collective_launchers.py`` repeats these launches many times
+and counts non-zero exits.  Compiled kernels are shared between the launchers'
+cache directories (the parts holding compiled programs and decisions are
+not), which keeps the class to a few minutes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+from rank_processes import DECISION_CACHES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from collective_jobs import Job, launch
+
+
+WORKER = str(Path(__file__).resolve().parent / "collective_job_worker.py")
+WINNER = "rs_ag"
+# Only a hang comes near it.
+LAUNCH_TIMEOUT_S = 300.0
+# Each launcher's first size; it is relaunched at the other one.
+FIRST_SIZE = {"torchrun": 2, "torchrun_nodes": 3, "mp_spawn": 3, "srun": 2}
+
+
+def other_size(world_size: int) -> int:
+    return 5 - world_size
+
+
+class LaunchedJobsTest(TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        super().setUpClass()
+        cls.root = Path(tempfile.mkdtemp(prefix="collective-launchers-"))
+        cls.kernels = cls.root / "kernels"  # compiled kernels, shared
+        cls.kernels.mkdir()
+        cls.tuned: dict[str, Path] = {}
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        shutil.rmtree(cls.root, ignore_errors=True)
+        super().tearDownClass()
+
+    def _launch(self, launcher: str, world_size: int, cache: Path, *args: str) -> Job:
+        job = launch(
+            launcher,
+            world_size,
+            [WORKER, *args],
+            self.root / "out",
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+            timeout=LAUNCH_TIMEOUT_S,
+        )
+        self.assertFalse(job.timed_out, job.log_tail())
+        self.assertNotIn("terminate called", "".join(job.outputs), job.log_tail())
+        return job
+
+    def _check(self, job: Job, benchmarked: bool) -> None:
+        """Every process exited 0; every rank ran the winner, exactly; it benchmarked, or took the cached program."""
+        self.assertTrue(job.ok, (job.failures(), job.log_tail()))
+        self.assertEqual(len(job.reports), job.world_size, job.log_tail())
+        for report in job.reports:
+            self.assertNotIn("error", report, report)
+            self.assertEqual(report["world_size"], job.world_size, report)
+            self.assertEqual(report["ran"], [WINNER], report)
+            self.assertTrue(report["exact"], report)
+            self.assertEqual(report["counters"].get("failure_agreements", 0), 0)
+            if benchmarked:
+                self.assertEqual(report["counters"].get("ops"), 1, report)
+            else:
+                self.assertTrue(report["fx_graph_cache_hit"], report)
+                self.assertEqual(report["counters"].get("ops", 0), 0, report)
+
+    def _tuned_cache(self, launcher: str) -> Path:
+        """The launcher's cache directory, tuned by its first launch at its first size (once per class)."""
+        if launcher not in self.tuned:
+            cache = self.root / launcher
+            shutil.rmtree(cache, ignore_errors=True)
+            shutil.copytree(self.kernels, cache)
+            job = self._launch(launcher, FIRST_SIZE[launcher], cache)
+            self._check(job, benchmarked=True)
+            shutil.copytree(
+                cache,
+                self.kernels,
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns(*DECISION_CACHES),
+            )
+            self.tuned[launcher] = cache
+        return self.tuned[launcher]
+
+    def _relaunch_at_the_same_size(self, launcher: str, *args: str) -> None:
+        cache = self._tuned_cache(launcher)
+        job = self._launch(launcher, FIRST_SIZE[launcher], cache, *args)
+        self._check(job, benchmarked=False)
+
+    def _relaunch_at_the_other_size(self, launcher: str) -> None:
+        cache = self._tuned_cache(launcher)
+        job = self._launch(launcher, other_size(FIRST_SIZE[launcher]), cache)
+        self._check(job, benchmarked=True)
+
+    # Same size: the program from the FX graph cache, no benchmarking.
+    def test_torchrun_relaunch_at_the_same_size(self):
+        self._relaunch_at_the_same_size("torchrun")
+
+    def test_torchrun_nodes_relaunch_at_the_same_size(self):
+        self._relaunch_at_the_same_size("torchrun_nodes")
+
+    def test_mp_spawn_relaunch_at_the_same_size(self):
+        self._relaunch_at_the_same_size("mp_spawn", "--no-destroy")
+
+    def test_srun_relaunch_at_the_same_size(self):
+        self._relaunch_at_the_same_size("srun", "--no-destroy")
+
+    # Another size: compiled and tuned again (needs the process group's
+    # topology in the cache keys).
+    def test_torchrun_relaunch_at_another_size(self):
+        self._relaunch_at_the_other_size("torchrun")
+
+    def test_torchrun_nodes_relaunch_at_another_size(self):
+        self._relaunch_at_the_other_size("torchrun_nodes")
+
+    def test_mp_spawn_relaunch_at_another_size(self):
+        self._relaunch_at_the_other_size("mp_spawn")
+
+    def test_srun_relaunch_at_another_size(self):
+        self._relaunch_at_the_other_size("srun")
+
+    # Exits.
+    def test_store_host_exits_first(self):
+        self._relaunch_at_the_same_size(
+            "srun", "--no-destroy", "--last-to-exit", "peers"
+        )
+
+    def test_store_host_exits_last(self):
+        self._relaunch_at_the_same_size(
+            "srun", "--no-destroy", "--last-to-exit", "host"
+        )
+
+    def test_store_host_raises_after_tuning(self):
+        cache = self._tuned_cache("srun")
+        job = self._launch("srun", FIRST_SIZE["srun"], cache, "--raise-on-rank", "0")
+        self.assertEqual(job.exits[0], 1, job.log_tail())
+        self.assertIn("raised on rank 0 after tuning", job.outputs[0])
+        self.assertEqual(job.exits[1:], [0] * (job.world_size - 1), job.log_tail())
+        self._check_reports(job)
+
+    def test_rank_raises_after_tuning_under_torchrun(self):
+        cache = self._tuned_cache("torchrun")
+        job = self._launch(
+            "torchrun", FIRST_SIZE["torchrun"], cache, "--raise-on-rank", "1"
+        )
+        self.assertEqual(job.exits, [1], job.log_tail())
+        self.assertIn("raised on rank 1 after tuning", job.outputs[0])
+        # The agent stops the other ranks (SIGTERM) once one failed.
+        self.assertEqual(
+            set(job.failures()) - {"exit 1", "SIGTERM"}, set(), job.log_tail()
+        )
+        self._check_reports(job)
+
+    def _check_reports(self, job: Job) -> None:
+        # Every rank tuned (from the cache) and ran the winner before the raise.
+        self.assertEqual(len(job.reports), job.world_size, job.log_tail())
+        for report in job.reports:
+            self.assertEqual(report["ran"], [WINNER], report)
+            self.assertTrue(report["exact"], report)
+
+
+if __name__ == "__main__":
+    run_tests()
