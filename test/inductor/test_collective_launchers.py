@@ -11,16 +11,18 @@ the job, as on one machine:
   (two nodes on loopback, static rendezvous), ``mp_spawn`` (``env://``, rank 0
   hosts the store) and ``srun`` (processes started directly with RANK,
   WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT set; rank 0 hosts the store).
-  Each launcher's first launch, on a cold cache, tunes: every rank benchmarks
-  the op once and runs ``rs_ag``, the result is exact, every process exits 0.
-  Each launcher runs at 2 and 3 ranks: two start at 2, two at 3.
+  Each launcher runs at 2 and 3 ranks: ``torchrun`` and ``srun`` start at 2,
+  the others at 3.  A first launch on a cold cache tunes: every rank
+  benchmarks the op once and runs ``rs_ag``, the result is exact, every
+  process exits 0 (once per size and program key: ``torchrun`` tunes for
+  ``srun`` too, whose program has the same key);
 * relaunched at the same size on the warm cache: every rank takes the program
-  from the FX graph cache, benchmarks nothing, runs ``rs_ag``, exits 0;
+  from the FX graph cache, benchmarks nothing, runs ``rs_ag``, exits 0; under
+  ``srun`` the store's host (rank 0) exits 3 s before its peers, under
+  ``mp_spawn`` 3 s after them, both without ``destroy_process_group``;
 * relaunched at the other size: every rank compiles and benchmarks again and
   the result is exact (the program compiled for the first size must not be
   replayed: its collectives are sized for it);
-* the store's host (rank 0, ``srun``) exiting 3 s before its peers, and 3 s
-  after them, without ``destroy_process_group``: every process exits 0;
 * a rank whose own code raises after tuning (the store's host under ``srun``,
   another rank under ``torchrun``) exits with that error; no process aborts
   (no signal but the launcher's SIGTERM), none outlives the launch's bound.
@@ -28,9 +30,9 @@ the job, as on one machine:
 The control plane's threads are what made a rank abort at exit ("terminate
 called without an active exception", see ``collective_liveness.py``);
 ``scripts/bench_collective_launchers.py`` repeats these launches many times
-and counts non-zero exits.  Compiled kernels are shared between the launchers'
-cache directories (the parts holding compiled programs and decisions are
-not), which keeps the class to a few minutes.
+and counts non-zero exits.  Compiled kernels are shared between the cache
+directories of the class (the parts holding compiled programs and decisions
+are not), which keeps it to a few minutes.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class LaunchedJobsTest(TestCase):
         cls.root = Path(tempfile.mkdtemp(prefix="collective-launchers-"))
         cls.kernels = cls.root / "kernels"  # compiled kernels, shared
         cls.kernels.mkdir()
-        cls.tuned: dict[str, Path] = {}
+        cls.tuned: dict[tuple[bool, int], Path] = {}
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -104,10 +106,16 @@ class LaunchedJobsTest(TestCase):
                 self.assertEqual(report["counters"].get("ops", 0), 0, report)
 
     def _tuned_cache(self, launcher: str) -> Path:
-        """The launcher's cache directory, tuned by its first launch at its first size (once per class)."""
-        if launcher not in self.tuned:
-            cache = self.root / launcher
-            shutil.rmtree(cache, ignore_errors=True)
+        """A cache directory of this test's, holding the program tuned at the launcher's first size.
+
+        Tuned once per class and program key by the first launcher to ask
+        (a cold launch, checked), then copied: under mp.spawn the program's
+        main module is ``__mp_main__``, which its FX graph cache key reflects;
+        the other launchers run the same program as ``__main__`` and share it.
+        """
+        key = (launcher == "mp_spawn", FIRST_SIZE[launcher])
+        if key not in self.tuned:
+            cache = self.root / f"tuned-{launcher}"
             shutil.copytree(self.kernels, cache)
             job = self._launch(launcher, FIRST_SIZE[launcher], cache)
             self._check(job, benchmarked=True)
@@ -117,8 +125,10 @@ class LaunchedJobsTest(TestCase):
                 dirs_exist_ok=True,
                 ignore=shutil.ignore_patterns(*DECISION_CACHES),
             )
-            self.tuned[launcher] = cache
-        return self.tuned[launcher]
+            self.tuned[key] = cache
+        mine = self.root / self.id().rsplit(".", 1)[-1]
+        shutil.copytree(self.tuned[key], mine)
+        return mine
 
     def _relaunch_at_the_same_size(self, launcher: str, *args: str) -> None:
         cache = self._tuned_cache(launcher)
@@ -130,18 +140,24 @@ class LaunchedJobsTest(TestCase):
         job = self._launch(launcher, other_size(FIRST_SIZE[launcher]), cache)
         self._check(job, benchmarked=True)
 
-    # Same size: the program from the FX graph cache, no benchmarking.
+    # Same size: the program from the FX graph cache, no benchmarking.  Under
+    # srun and mp.spawn, rank 0 hosts the store: it exits 3 s before its
+    # peers, then 3 s after them, leaving the process group to the exit.
     def test_torchrun_relaunch_at_the_same_size(self):
         self._relaunch_at_the_same_size("torchrun")
 
     def test_torchrun_nodes_relaunch_at_the_same_size(self):
         self._relaunch_at_the_same_size("torchrun_nodes")
 
-    def test_mp_spawn_relaunch_at_the_same_size(self):
-        self._relaunch_at_the_same_size("mp_spawn", "--no-destroy")
+    def test_srun_relaunch_at_the_same_size_store_host_exits_first(self):
+        self._relaunch_at_the_same_size(
+            "srun", "--no-destroy", "--last-to-exit", "peers"
+        )
 
-    def test_srun_relaunch_at_the_same_size(self):
-        self._relaunch_at_the_same_size("srun", "--no-destroy")
+    def test_mp_spawn_relaunch_at_the_same_size_store_host_exits_last(self):
+        self._relaunch_at_the_same_size(
+            "mp_spawn", "--no-destroy", "--last-to-exit", "host"
+        )
 
     # Another size: compiled and tuned again (needs the process group's
     # topology in the cache keys).
@@ -157,24 +173,15 @@ class LaunchedJobsTest(TestCase):
     def test_srun_relaunch_at_another_size(self):
         self._relaunch_at_the_other_size("srun")
 
-    # Exits.
-    def test_store_host_exits_first(self):
-        self._relaunch_at_the_same_size(
-            "srun", "--no-destroy", "--last-to-exit", "peers"
-        )
-
-    def test_store_host_exits_last(self):
-        self._relaunch_at_the_same_size(
-            "srun", "--no-destroy", "--last-to-exit", "host"
-        )
-
+    # A rank's own error after tuning.
     def test_store_host_raises_after_tuning(self):
         cache = self._tuned_cache("srun")
         job = self._launch("srun", FIRST_SIZE["srun"], cache, "--raise-on-rank", "0")
         self.assertEqual(job.exits[0], 1, job.log_tail())
         self.assertIn("raised on rank 0 after tuning", job.outputs[0])
         self.assertEqual(job.exits[1:], [0] * (job.world_size - 1), job.log_tail())
-        self._check_reports(job)
+        self.assertEqual(len(job.reports), job.world_size, job.log_tail())
+        self._check_reports(job, raised_on=0)
 
     def test_rank_raises_after_tuning_under_torchrun(self):
         cache = self._tuned_cache("torchrun")
@@ -187,11 +194,12 @@ class LaunchedJobsTest(TestCase):
         self.assertEqual(
             set(job.failures()) - {"exit 1", "SIGTERM"}, set(), job.log_tail()
         )
-        self._check_reports(job)
+        self._check_reports(job, raised_on=1)
 
-    def _check_reports(self, job: Job) -> None:
-        # Every rank tuned (from the cache) and ran the winner before the raise.
-        self.assertEqual(len(job.reports), job.world_size, job.log_tail())
+    def _check_reports(self, job: Job, raised_on: int) -> None:
+        # The raising rank, and every other that reported before the
+        # launcher stopped it, ran the cached winner, exactly.
+        self.assertIn(raised_on, [report["rank"] for report in job.reports])
         for report in job.reports:
             self.assertEqual(report["ran"], [WINNER], report)
             self.assertTrue(report["exact"], report)
