@@ -157,7 +157,7 @@ def _simulated_ranks(
             "returns": returns,
             "idle_requests": len(idle),
         }
-        liveness.stop()
+        liveness.shutdown()
 
     threads = [threading.Thread(target=run_rank, args=(rank,)) for rank in ranks]
     for thread in threads:

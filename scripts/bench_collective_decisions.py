@@ -43,12 +43,14 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collective_jobs import rank_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("happy", "exception", "stall", "straggler", "dead", "wedged")
@@ -241,61 +243,6 @@ def stock_python(explicit: str | None) -> str:
             [str(python), "-m", "pip", "install", "-q", str(wheel), "numpy"], check=True
         )
     return str(python)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def rank_env(nproc: int) -> dict[str, str]:
-    """The environment of one launch's ranks (each adds its RANK): env:// on a free local port."""
-    return {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(nproc),
-    }
-
-
-def launch_ranks(
-    script: str, nproc: int, args: list[str], timeout: float = 1200
-) -> list[dict]:
-    """Run ``script --worker ARGS --out DIR`` as ``nproc`` ranks; each rank's ``rank{r}.json`` report, in rank order.
-
-    Raises RuntimeError, with the end of a failing rank's stderr, unless every rank reported.
-    """
-    with tempfile.TemporaryDirectory(prefix="bench-ranks-") as out_dir:
-        command = [sys.executable, script, "--worker", *args, "--out", out_dir]
-        env = rank_env(nproc)
-        ranks = [
-            subprocess.Popen(
-                command,
-                env={**env, "RANK": str(r)},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
-            for r in range(nproc)
-        ]
-        errors = [process.communicate(timeout=timeout)[1] for process in ranks]
-        reports = [
-            json.loads(path.read_text())
-            for path in sorted(Path(out_dir).glob("rank*.json"))
-        ]
-        if len(reports) != nproc:
-            tail = (
-                next((e for e in errors if e), b"")
-                .decode(errors="replace")
-                .strip()
-                .splitlines()[-5:]
-            )
-            raise RuntimeError(
-                f"{args}: {nproc - len(reports)} ranks failed: " + " | ".join(tail)
-            )
-        return reports
 
 
 def run_scenario(python: str, scenario: str, nproc: int, timeout: float) -> list[dict]:

@@ -25,12 +25,16 @@ What this checks:
   every rank's status and the reason, and misuse (no process group, two
   defaults) is a clear error.  A batch of ops (the scheduler path) has one
   join and screens each op's candidates against that op's own default.
+* The control plane's threads are joined when the process group is
+  destroyed, and a store whose host goes away during a session is a
+  ``CollectiveBenchmarkError`` naming it.
 """
 
 from __future__ import annotations
 
 import math
 import tempfile
+import threading
 from datetime import timedelta
 
 import torch
@@ -610,6 +614,75 @@ class TestBenchmarkerOnOneRank(TestCase):
                 cb.try_collective_benchmark_with_timeout(boom, config=self.config)
             )
         )
+
+
+class TestStoreLifetime(TestCase):
+    """The control plane's threads and requests against a store whose host goes away.
+
+    The store's server is a TCPStore of this process that the process group
+    reaches as a client, as every rank but the host does in a job.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.server = dist.TCPStore(
+            "127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10)
+        )
+        self.port = self.server.port
+        client = dist.TCPStore(
+            "127.0.0.1", self.port, 1, False, timeout=timedelta(seconds=10)
+        )
+        dist.init_process_group("gloo", store=client, rank=0, world_size=1)
+        self.config = cb.CollectiveBenchmarkConfig(
+            timeout=timedelta(seconds=5), nwarmup=1, nruns=3
+        )
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        self.server = None
+        super().tearDown()
+
+    def candidate(self, name, is_default=False, before=None):
+        def fn():
+            if before is not None:
+                before()
+            return torch.ones(2)
+
+        return cb.Candidate(name, fn, is_default=is_default)
+
+    def liveness_threads(self):
+        return [t for t in threading.enumerate() if t.name.startswith("collective-")]
+
+    def test_threads_are_joined_when_the_process_group_is_destroyed(self):
+        candidates = [self.candidate("default", is_default=True), self.candidate("b")]
+        cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
+        self.assertEqual(len(self.liveness_threads()), 2)  # heartbeat, wake listener
+        dist.destroy_process_group()
+        self.assertEqual(self.liveness_threads(), [])
+        # The listener was woken through its own key, which it deleted.
+        self.assertFalse(
+            self.server.check(["default_pg/collective_benchmarking/wake/0"])
+        )
+        dist.init_process_group(
+            "gloo",
+            store=dist.TCPStore("127.0.0.1", self.port, 1, False),
+            rank=0,
+            world_size=1,
+        )
+
+    def test_a_store_lost_during_a_session_is_an_error_naming_it(self):
+        def lose_the_store():
+            self.server = None  # its server stops with it
+
+        candidates = [
+            self.candidate("default", is_default=True),
+            self.candidate("b", before=lose_the_store),
+        ]
+        with self.assertRaisesRegex(
+            cb.CollectiveBenchmarkError,
+            f"lost the connection to the job's store at 127.0.0.1:{self.port}",
+        ):
+            cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
 
 
 class TestMisuse(TestCase):

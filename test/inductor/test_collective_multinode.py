@@ -1,9 +1,9 @@
 """Two nodes on loopback under torchrun, one Inductor cache directory per node.
 
 What this checks: two torchrun launches (``--nnodes 2``, 2 ranks each, c10d
-rendezvous) run ``collective_multinode_worker.py``, which compiles an
-autotuned all_reduce with Inductor's caches at their defaults, three times,
-then one node alone:
+rendezvous) run ``collective_job_worker.py``, which compiles an autotuned
+all_reduce with Inductor's caches at their defaults, three times, then one
+node alone:
 
 * cold start: both caches empty; the four ranks benchmark together;
 * warm restart: both caches warm; every rank takes the program from its
@@ -24,73 +24,37 @@ first call (the only thing it waits for is another rank's compilation).
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-WORKER = Path(__file__).resolve().parent / "collective_multinode_worker.py"
-TORCHRUN = Path(sys.executable).parent / "torchrun"
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from collective_jobs import launch
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+WORKER = str(Path(__file__).resolve().parent / "collective_job_worker.py")
 
 
 class TwoNodeCachesTest(TestCase):
     def _launch(self, caches: dict[str, Path], out: Path) -> list[dict]:
-        # One torchrun per node in caches, 2 ranks each.
-        shutil.rmtree(out, ignore_errors=True)
-        out.mkdir()
-        port = _free_port()
-        nodes = [
-            subprocess.Popen(
-                [
-                    str(TORCHRUN),
-                    "--nnodes",
-                    str(len(caches)),
-                    "--nproc-per-node",
-                    "2",
-                    "--rdzv-backend",
-                    "c10d",
-                    "--rdzv-endpoint",
-                    f"127.0.0.1:{port}",
-                    "--rdzv-id",
-                    "collective-multinode",
-                    str(WORKER),
-                    "--out",
-                    str(out),
-                ],  # fmt: skip
-                env={
-                    **os.environ,
-                    "NODE_TAG": node,
-                    "TORCHINDUCTOR_CACHE_DIR": str(cache),
-                    "OMP_NUM_THREADS": "1",
-                },
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for node, cache in caches.items()
-        ]
-        logs = [node.communicate(timeout=600)[0] for node in nodes]
-        reports = [
-            json.loads(path.read_text()) for path in sorted(out.glob("rank*.json"))
-        ]
-        self.assertEqual(
-            len(reports), 2 * len(caches), "\n".join(log[-3000:] for log in logs)
+        # Two nodes of 2 ranks each, or one torchrun of 2 ranks for one cache.
+        job = launch(
+            "torchrun_nodes" if len(caches) == 2 else "torchrun",
+            2 * len(caches),
+            [WORKER, "--rank-dependent"],
+            out,
+            node_envs=[
+                {"NODE_TAG": node, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+                for node, cache in caches.items()
+            ],
+            rendezvous="c10d",
         )
-        for report in reports:
+        self.assertEqual(len(job.reports), 2 * len(caches), job.log_tail())
+        for report in job.reports:
             self.assertNotIn("error", report, report)
-        return reports
+        return job.reports
 
     def _check_agreement(self, reports: list[dict]) -> str:
         self.assertEqual(len({tuple(report["ran"]) for report in reports}), 1, reports)
@@ -146,7 +110,7 @@ class TwoNodeCachesTest(TestCase):
             resized = self._launch({"A": caches["A"]}, Path(tmp, "resized"))
             self.assertEqual(self._check_agreement(resized), winner)
             for report in resized:
-                self.assertEqual(report["world"], 2, report)
+                self.assertEqual(report["world_size"], 2, report)
                 # compiled again, not taken from the cache
                 self.assertEqual(report["fxgraph"]["hit"], 0, report)
                 self.assertGreaterEqual(report["fxgraph"]["miss"], 1, report)

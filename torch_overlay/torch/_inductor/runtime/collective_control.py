@@ -89,6 +89,8 @@ from .collective_liveness import (
 )
 from .collective_store import (
     _VERDICT_PREFIX,
+    CollectiveBenchmarkError,
+    CollectiveBenchmarkTimeout,
     main_store_client,
     STORE_PREFIX,
     store_requests,
@@ -119,19 +121,6 @@ __all__ = [
 # What a key posted to with ControlStore.post_same holds once members posted
 # different values: no member posts it (posted values are digests).
 _DIFFERENT = "|different"
-
-
-class CollectiveBenchmarkError(RuntimeError):
-    """Benchmarking cannot reach a decision every rank shares.
-
-    Raised on every healthy rank of the group, at the same protocol step, when
-    a member is lost (dead, wedged, stuck, or late past the cap) or when the
-    members are not tuning the same op.
-    """
-
-
-class CollectiveBenchmarkTimeout(CollectiveBenchmarkError, TimeoutError):
-    """A collective step did not complete within the timeout."""
 
 
 def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
@@ -269,6 +258,8 @@ class ControlStore:
         deadline = timedelta(seconds=self.max_wait + 2 * self.timeout)
         try:
             self.client.wait(key, deadline)
+        except CollectiveBenchmarkError:
+            raise  # the store went away
         except Exception as error:
             raise CollectiveBenchmarkError(
                 f"collective autotuning: {what} did not complete within "

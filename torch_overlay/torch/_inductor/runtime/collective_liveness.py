@@ -32,6 +32,20 @@ The same thread reads the status of the member each open session observes
 waits in a rendezvous (a :class:`Watch`), has the rendezvous apply its
 liveness rules to what it read (``ControlStore.check``): the rules and the
 verdict belong to the agreement, the reading and the beating to this module.
+
+Shutdown.  Both threads are daemons, and the listener spends its life inside a
+C++ call (the store's ``wait``), with the GIL released.  A daemon thread that
+is still inside such a call when the interpreter finalizes cannot take the GIL
+back when the call returns; its forced unwind ends in ``std::terminate``, and
+the process aborts ("terminate called without an active exception").  The call
+does return at that moment whenever the rank that hosts the store (rank 0 under
+``env://``, ``mp.spawn`` or ``srun``) exits first, or when the process's own
+store goes away during finalization.  So the threads never outlive the store
+they were started on, nor the interpreter: :meth:`Liveness.shutdown` stops and
+joins them, at exit (``atexit``) and when the job's store is released
+(``destroy_process_group`` drops the default store).  The listener's wait is
+made to return by the process itself, which sets its own ``wake`` key: three
+requests at shutdown, none between sessions.
 """
 
 from __future__ import annotations
@@ -43,6 +57,7 @@ import logging
 import sys
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -72,6 +87,11 @@ log = logging.getLogger(__name__)
 # timeout is only a backstop (a timed-out store request logs a c10d warning,
 # which the protocol must not cause routinely).
 _BACKSTOP = timedelta(days=1)
+
+# How long shutdown waits for a thread to leave its store request: one request
+# to a live store takes milliseconds, and one to a store that went away fails
+# at once.
+_JOIN_TIMEOUT_S = 5.0
 
 
 def beat_interval(timeout: timedelta) -> float:
@@ -158,6 +178,32 @@ class Observation:
 
 
 @dataclasses.dataclass
+class _Threads:
+    """The liveness threads started on one store, and what stops them."""
+
+    stop: threading.Event
+    rank: int
+    client: StoreClient  # the heartbeat's connection
+    heartbeat: threading.Thread
+    listener: threading.Thread | None
+
+
+def _join(thread: threading.Thread) -> bool:
+    if thread is threading.current_thread():
+        return False
+    thread.join(_JOIN_TIMEOUT_S)
+    if thread.is_alive():
+        log.warning(
+            "collective autotuning: thread %s is still inside a store request "
+            "%gs after it was told to stop",
+            thread.name,
+            _JOIN_TIMEOUT_S,
+        )
+        return False
+    return True
+
+
+@dataclasses.dataclass
 class Watch:
     """A rendezvous that the main thread waits in, and the member its liveness thread watches."""
 
@@ -197,9 +243,8 @@ class Liveness:
         self._compiling = compiling or self._main_thread_compiling
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._store: dist.Store | None = None
+        self._threads: _Threads | None = None
+        self._store: weakref.ref[dist.Store] | None = None  # what they serve
         self.client: StoreClient | None = None  # the thread's connection
         self._rank = -1
         self._counter = 0
@@ -219,37 +264,84 @@ class Liveness:
 
     # The main thread's side -----------------------------------------------------
     def ensure_running(self, timeout: timedelta | None = None) -> None:
-        """Start the thread on the current default store (again after it changed)."""
+        """Start the threads on the current default store (again after it changed).
+
+        Threads started on a previous store are stopped and joined first.  The
+        threads stop by themselves, joined, when the store is released (see
+        :meth:`shutdown`).
+        """
         if timeout is not None:
             self._interval = beat_interval(timeout)
             self._timeout = timeout.total_seconds()
         store = self._store_factory()
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                if self._store is store:
+            threads = self._threads
+            if threads is not None and threads.heartbeat.is_alive():
+                if self._store is not None and self._store() is store:
                     return
-            self._stop.set()
-            self._stop = threading.Event()
-            self._store, self._rank, self._published = store, self._global_rank(), ""
+        self.shutdown()
+        with self._lock:
+            self._store, self._rank, self._published = (
+                weakref.ref(store),
+                self._global_rank(),
+                "",
+            )
             self.client = StoreClient(store.clone())
-            self._thread = threading.Thread(
+            stop = threading.Event()
+            heartbeat = threading.Thread(
                 target=self._run,
-                args=(self.client, self._stop),
+                args=(self.client, stop),
                 name="collective-benchmark-liveness",
                 daemon=True,
             )
-            self._thread.start()
+            listener = None
             if self._listen:
-                threading.Thread(
+                listener = threading.Thread(
                     target=self._listen_for_wakes,
-                    args=(StoreClient(store.clone()), self._rank, self._stop),
+                    args=(StoreClient(store.clone()), self._rank, stop),
                     name="collective-benchmark-wakes",
                     daemon=True,
-                ).start()
+                )
+            threads = _Threads(stop, self._rank, self.client, heartbeat, listener)
+            self._threads = threads
+            heartbeat.start()
+            if listener is not None:
+                listener.start()
+        # destroy_process_group() releases the default store: the threads must
+        # not outlive it (see the module docstring).
+        weakref.finalize(store, self._stop_threads, threads)
 
-    def stop(self) -> None:
-        self._stop.set()
+    def shutdown(self) -> None:
+        """Stop this process's liveness threads and join them (idempotent).
+
+        Runs at exit and when the store the threads serve is released; callable
+        from any thread.  Costs three store requests when the wake listener
+        runs (this process wakes its own listener, which reads and deletes the
+        key), none when the store is gone.  A thread still inside a store
+        request after a few seconds is logged and left behind.
+        """
+        threads = self._threads
+        if threads is not None:
+            self._stop_threads(threads)
+
+    def _stop_threads(self, threads: _Threads) -> None:
+        with self._lock:
+            if self._threads is threads:
+                self._threads = None
+        threads.stop.set()
         self._wake.set()
+        listener = threads.listener
+        if not _join(threads.heartbeat) or listener is None or not listener.is_alive():
+            return
+        try:
+            # The listener blocks in the store's wait on this key; the
+            # heartbeat's connection is free now.
+            threads.client.set(wake_key(threads.rank), "stop")
+        except Exception:  # the store went away, and so did the listener's wait
+            log.debug(
+                "collective autotuning: could not wake the listener", exc_info=True
+            )
+        _join(listener)
 
     @contextmanager
     def session(
@@ -342,13 +434,15 @@ class Liveness:
         # collective of its compiled code cannot raise, but its log says why.
         key = wake_key(rank)
         logged = False
-        while not stop.is_set():
+        while True:
             try:
                 client.wait(key, _BACKSTOP)
                 value = client.get(key)
                 client.delete(key)
             except Exception:  # the store went away, or a day passed
                 log.debug("collective autotuning wake listener stopped", exc_info=True)
+                return
+            if stop.is_set():  # woken by shutdown(), which set the key
                 return
             if value.startswith(_VERDICT_PREFIX) and not logged:
                 logged = True
@@ -403,7 +497,7 @@ class Liveness:
 
 
 _liveness = Liveness()
-atexit.register(_liveness.stop)
+atexit.register(_liveness.shutdown)
 
 
 def ensure_heartbeat(timeout: timedelta | None = None) -> None:
