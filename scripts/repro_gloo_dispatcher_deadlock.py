@@ -27,11 +27,16 @@ upstream report.
 
 import argparse
 import contextlib
+import dataclasses
 import os
-import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_collective_decisions import rank_env
 
 
 def rank_main(args) -> None:
@@ -97,10 +102,17 @@ def rank_main(args) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@dataclasses.dataclass
+class Trial:
+    """How one launch of the ranks ended."""
+
+    hung: bool  # some rank was still running at the limit (every rank then killed)
+    returncodes: list[int | None]  # per rank; negative: the signal that ended it
+    outputs: list[str]  # per rank, stdout and stderr together
+
+    def failed(self) -> list[int]:
+        """The ranks that exited with an error (not counting a hang's kills)."""
+        return [] if self.hung else [r for r, rc in enumerate(self.returncodes) if rc]
 
 
 def dump(pid: int, path: str) -> None:
@@ -114,7 +126,20 @@ def dump(pid: int, path: str) -> None:
         )
         for cmd in (
             ["py-spy", "dump", "--native", "--pid", str(pid)],
-            ["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+            [
+                "gdb",
+                "-p",
+                str(pid),
+                "-batch",
+                "-ex",
+                "thread apply all bt",
+                "-ex",
+                "info symbol $pc",
+                "-ex",
+                "x/6i $pc",
+                "-ex",
+                "info sharedlibrary",
+            ],
         ):
             exe = os.environ.get("PYSPY", "py-spy") if cmd[0] == "py-spy" else cmd[0]
             try:
@@ -128,15 +153,50 @@ def dump(pid: int, path: str) -> None:
                 f.write(f"({error})\n")
 
 
+def launch_trial(
+    command: list[str],
+    nproc: int,
+    limit: float,
+    dump_dir: str = "",
+    tag: str = "trial",
+    cwd: str | None = None,
+) -> Trial:
+    """Run ``command`` as ``nproc`` gloo ranks (env:// on a free local port) for at most ``limit`` seconds.
+
+    Ranks still running at the limit count as a hang: their stacks go to
+    ``dump_dir/{tag}-rank{r}.txt`` when ``dump_dir`` is given, then every rank
+    is killed.  ``cwd`` is where the ranks run (and where a crashing rank
+    leaves its core file, with ``kernel.core_pattern`` at its default).
+    """
+    env = rank_env(nproc)
+    procs = [
+        subprocess.Popen(
+            command,
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=cwd,
+        )
+        for r in range(nproc)
+    ]
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.2)
+    hung = any(p.poll() is None for p in procs)
+    if hung and dump_dir:
+        os.makedirs(dump_dir, exist_ok=True)
+        for r, p in enumerate(procs):
+            if p.poll() is None:
+                dump(p.pid, os.path.join(dump_dir, f"{tag}-rank{r}.txt"))
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+    outputs = [p.communicate()[0] for p in procs]
+    return Trial(hung, [p.returncode for p in procs], outputs)
+
+
 def trial(args, index: int) -> bool:
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(args.nproc),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONWARNINGS": "ignore",
-    }
     cmd = [
         sys.executable,
         __file__,
@@ -150,38 +210,20 @@ def trial(args, index: int) -> bool:
         "--numel",
         str(args.numel),
     ]
-    procs = [
-        subprocess.Popen(
-            cmd,
-            env={**env, "RANK": str(r)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(args.nproc)
-    ]
-    deadline = time.monotonic() + args.limit
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-        time.sleep(0.2)
-    hung = any(p.poll() is None for p in procs)
-    if hung and args.dump_dir:
-        os.makedirs(args.dump_dir, exist_ok=True)
-        for r, p in enumerate(procs):
-            if p.poll() is None:
-                dump(
-                    p.pid,
-                    os.path.join(
-                        args.dump_dir, f"{args.op}-{args.mode}-trial{index}-rank{r}.txt"
-                    ),
-                )
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-    outputs = [p.communicate()[0] for p in procs]
-    failed = [r for r, p in enumerate(procs) if not hung and p.returncode != 0]
+    outcome = launch_trial(
+        cmd,
+        args.nproc,
+        args.limit,
+        args.dump_dir,
+        f"{args.op}-{args.mode}-trial{index}",
+    )
+    failed = outcome.failed()
     if failed:
-        print(f"  trial {index}: ranks {failed} failed:\n" + outputs[failed[0]][-2000:])
-    return hung
+        print(
+            f"  trial {index}: ranks {failed} failed:\n"
+            + outcome.outputs[failed[0]][-2000:]
+        )
+    return outcome.hung
 
 
 def main() -> None:

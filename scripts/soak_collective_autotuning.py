@@ -1,25 +1,33 @@
 #!/usr/bin/env python3
-"""Soak: many consecutive autotuning sessions on gloo ranks, no hang allowed.
+"""Soak: many consecutive autotuning sessions on gloo ranks, no crash or hang allowed.
 
 Each rank runs ``--sessions`` compiles in a row, each one a session of its own:
 a collective custom op of the demo (``scripts/demo_collective_autotuning.py``)
 with the implementations of ``torch._inductor.kernel.collective_implementations``
-registered, the kinds (all_reduce, all_gather, reduce_scatter, all_to_all) and
-sizes (``--sizes``, float32 elements per rank) taken in turn, under V2 (the
-default) and V1 alternately.  Dynamo is reset and remembered decisions are
-forgotten before each compile, and the FX graph cache is off, so that every
-session benchmarks.  After each
-session every rank checks the result exactly, and that every rank took the
-same decision.
+registered, the kinds of ``--kinds`` (all_reduce, all_gather, reduce_scatter,
+all_to_all; repeat one to weigh it) and the sizes (``--sizes``, float32
+elements per rank) taken in turn, each kind under V2 (the default) and V1
+alternately.  Dynamo is reset and remembered decisions are forgotten before
+each compile, and the FX graph cache is off, so that every session
+benchmarks.  After each session every rank checks the result exactly, and
+that every rank took the same decision.
+
+``--stress N`` runs N CPU-bound processes beside the ranks for the whole soak
+(stress-ng when installed, else Python busy loops), started and stopped by
+the script.  Ranks run with core dumps enabled (``RLIMIT_CORE`` unlimited,
+in their log directory); a failed run's logs and cores are kept in
+``build/soak-failures/``.
 
 A session that does not end within ``--session-timeout`` seconds is a hang:
-the launcher kills the ranks and reports it.  Prints per world size: the
-sessions run, hangs, failures, and the wall time of a session (the
-compiling call, slowest rank): median, p99 and max.
+the launcher kills the ranks and reports it.  A rank killed by a signal
+(SIGABRT from glibc's heap checks, SIGSEGV) is an abort.  Prints per world
+size: the sessions run, aborts, hangs, failures, and the wall time of a
+session (the compiling call, slowest rank): median, p99 and max.
 
 Usage:
   python scripts/soak_collective_autotuning.py [--nproc 3,4] [--sessions 50]
-      [--sizes 240,4080] [--session-timeout 300]
+      [--kinds all_reduce,all_gather,reduce_scatter,all_to_all]
+      [--sizes 240,4080] [--stress 0] [--session-timeout 300]
 """
 
 from __future__ import annotations
@@ -28,23 +36,30 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_collective_decisions import rank_env
 
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
-def worker(sessions: int, sizes: list[int], out_dir: Path) -> None:
+def worker(sessions: int, kinds: list[str], sizes: list[int], out_dir: Path) -> None:
     import torch
     import torch._inductor.config as inductor_config
     import torch.distributed as dist
@@ -62,6 +77,9 @@ def worker(sessions: int, sizes: list[int], out_dir: Path) -> None:
         make_input,
     )
 
+    # A crash leaves a core file (in the rank's working directory).
+    hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
+    resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="soak-")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -70,9 +88,10 @@ def worker(sessions: int, sizes: list[int], out_dir: Path) -> None:
     add_feedback_saver(recorder.feedback)
     progress = Path(out_dir, f"rank{rank}.jsonl")
     for session in range(sessions):
-        kind = KINDS[session % len(KINDS)]
-        size = sizes[(session // len(KINDS)) % len(sizes)]
-        defer = session % 2 == 0
+        kind = kinds[session % len(kinds)]
+        size = sizes[(session // len(kinds)) % len(sizes)]
+        # Each kind under both paths in turn, whatever the length of kinds.
+        defer = (session // len(kinds)) % 2 == 0
         case = CASES[kind]
         torch._dynamo.reset()
         collective_decision_cache._remembered.clear()
@@ -129,6 +148,8 @@ def soak(nproc: int, args: argparse.Namespace) -> dict:
             "--worker",
             "--sessions",
             str(args.sessions),
+            "--kinds",
+            args.kinds,
             "--sizes",
             args.sizes,
             "--out",
@@ -147,6 +168,7 @@ def soak(nproc: int, args: argparse.Namespace) -> dict:
                     env={**env, "RANK": str(r)},
                     stdout=subprocess.DEVNULL,
                     stderr=logs[r],
+                    cwd=out_dir,  # where a crashing rank leaves its core
                 )
                 for r in range(nproc)
             ]
@@ -193,10 +215,14 @@ def soak(nproc: int, args: argparse.Namespace) -> dict:
     failed_ranks = [
         r for r, process in enumerate(ranks) if process.returncode not in (0, None)
     ]
+    # Killed by a signal (negative return code), not by the launcher.
+    aborts = [] if hangs else [r for r in failed_ranks if ranks[r].returncode < 0]
     return {
         "nproc": nproc,
         "completed": completed,
         "hangs": hangs,
+        "aborts": aborts,
+        "signals": [signal.Signals(-ranks[r].returncode).name for r in aborts],
         "failures": failures,
         "crashed_ranks": [] if hangs else failed_ranks,
         "median": statistics.median(seconds) if seconds else float("nan"),
@@ -210,6 +236,44 @@ def soak(nproc: int, args: argparse.Namespace) -> dict:
     }
 
 
+@contextlib.contextmanager
+def cpu_load(workers: int) -> Iterator[str]:
+    """``workers`` processes that keep a CPU busy each for the duration (none for 0).
+
+    stress-ng when it is installed (``apt-get install stress-ng``), else
+    Python busy loops.  Yields a description of the load.
+    """
+    if workers <= 0:
+        yield "none"
+        return
+    if shutil.which("stress-ng"):
+        processes = [
+            subprocess.Popen(
+                ["stress-ng", "--cpu", str(workers), "--quiet"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        ]
+        description = f"stress-ng --cpu {workers}"
+    else:
+        processes = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(workers)
+        ]
+        description = f"{workers} Python busy loops"
+    try:
+        yield description
+    finally:
+        for process in processes:
+            process.terminate()  # stress-ng stops its workers on SIGTERM
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
 def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
@@ -218,34 +282,54 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", default="3,4")
     parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--sizes", default="240,4080")
+    parser.add_argument(
+        "--stress", type=int, default=0, help="CPU-bound processes beside the ranks"
+    )
     parser.add_argument("--session-timeout", type=float, default=300.0)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    kinds = args.kinds.split(",")
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"unknown kinds {unknown}; expected some of {list(KINDS)}")
     if args.worker:
-        worker(args.sessions, [int(s) for s in args.sizes.split(",")], Path(args.out))
-        return
-    print(
-        f"{args.sessions} sessions per world size (kinds in turn, sizes {args.sizes}, "
-        "V2 and V1 alternately), a session that makes no progress for "
-        f"{args.session_timeout:g}s counts as a hang\n"
-    )
-    print(
-        "| ranks | sessions completed | hangs | wrong or disagreeing | "
-        "session wall time median / p99 / max (s) |"
-    )
-    print("| --- | --- | --- | --- | --- |")
-    for nproc in [int(n) for n in args.nproc.split(",")]:
-        row = soak(nproc, args)
-        print(
-            f"| {row['nproc']} | {row['completed']}/{args.sessions} | {row['hangs']} "
-            f"| {row['failures']} | {row['median']:.2f} / {row['p99']:.2f} / "
-            f"{row['max']:.2f} |",
-            flush=True,
+        worker(
+            args.sessions,
+            kinds,
+            [int(s) for s in args.sizes.split(",")],
+            Path(args.out),
         )
-        if row["crashed_ranks"] or row["hangs"]:
-            print(f"  ranks that failed: {row['crashed_ranks']}; {row['error_tail']}")
+        return
+    import torch
+
+    with cpu_load(args.stress) as load:
+        print(
+            f"torch {torch.__version__}; {args.sessions} sessions per world size "
+            f"(kinds {args.kinds} in turn, sizes {args.sizes}, each kind under V2 and "
+            f"V1 alternately); CPU load beside the ranks: {load}; a session that "
+            f"makes no progress for {args.session_timeout:g}s counts as a hang\n"
+        )
+        print(
+            "| ranks | sessions completed | aborts | hangs | wrong or disagreeing | "
+            "session wall time median / p99 / max (s) |"
+        )
+        print("| --- | --- | --- | --- | --- | --- |")
+        for nproc in [int(n) for n in args.nproc.split(",")]:
+            row = soak(nproc, args)
+            print(
+                f"| {row['nproc']} | {row['completed']}/{args.sessions} "
+                f"| {len(row['aborts'])} | {row['hangs']} | {row['failures']} "
+                f"| {row['median']:.2f} / {row['p99']:.2f} / {row['max']:.2f} |",
+                flush=True,
+            )
+            if row["crashed_ranks"] or row["hangs"]:
+                print(
+                    f"  ranks that failed: {row['crashed_ranks']} (signals: "
+                    f"{row['signals']}); {row['error_tail']}"
+                )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ every rank ran it, the numerical result and a generous wall-time bound that
 only a hang would break.  A 4-rank class per path runs two tensor-parallel
 groups, one of which starts compiling later than the timeout.
 
+Memory safety on gloo, at 2 and 4 ranks: a user's candidate that keeps two
+collectives in flight on the group (the fastest by far) is found from its
+graph, disqualified on every rank without running, with a warning, and the
+healthy winner runs; with ``collective_benchmark_allow_gloo_overlap`` (at 2
+ranks) it competes and wins.
+
 The NCCL classes run the same tests when enough GPUs are present and are
 skipped otherwise.
 """
@@ -33,6 +39,7 @@ skipped otherwise.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import datetime
 import logging
@@ -363,6 +370,21 @@ def all_reduce_candidate(impl: str, probe_after: bool = False):
     return candidate
 
 
+def all_reduce_two_in_flight(x):
+    """An all_reduce in two halves whose collectives are both in flight before either is waited for.
+
+    On a gloo group, two works that finish together can corrupt the heap
+    (docs/upstream/gloo-status-string-race.md), so the autotuner must not
+    pick this.  all_reduce records a name short enough to stay inline in
+    gloo's status string: running it (with the knob that allows it) cannot
+    corrupt the heap, which keeps the test that lets it compete safe.
+    """
+    first, second = probe(x, "two_in_flight").chunk(2)
+    first = funcol.all_reduce(first, "sum", _group_name())
+    second = funcol.all_reduce(second, "sum", _group_name())
+    return torch.cat([_wait(first), _wait(second)])
+
+
 def tuning_config(defer: bool, **patches):
     """Inductor settings of a multi-rank autotuning test: few runs, the path under test.
 
@@ -510,6 +532,30 @@ class AutotuningTestMixin:
         )
         return ran_while_compiling
 
+    def _autotune_beside_good(
+        self, name, candidate, device, warnings_from=None, **patches
+    ):
+        """Autotune all_reduce with ``candidate`` (undelayed: the fastest) beside a healthy one.
+
+        "good" is slowed a little, the default a lot.  Returns what
+        ``_autotune`` returns, with, in place of the compile time, the
+        warnings that the logger ``warnings_from`` gave while compiling (it
+        must give one).
+        """
+        DELAY_MS.clear()
+        DELAY_MS.update({"default": SLOW_MS, "good": SLOW_MS / 5})
+        decompositions = [(name, candidate), ("good", all_reduce_candidate("good"))]
+        with contextlib.ExitStack() as stack:
+            logs = (
+                stack.enter_context(self.assertLogs(warnings_from, "WARNING"))
+                if warnings_from
+                else None
+            )
+            ran_while_compiling, ran_here, result, _ = self._autotune(
+                all_reduce_op, decompositions, device, **patches
+            )
+        return ran_while_compiling, ran_here, result, logs.output if logs else []
+
 
 class CollectiveAutotuningTests(AutotuningTestMixin):
     """Every collective kind, faults, and a desynchronizing candidate, per path and world size."""
@@ -641,18 +687,12 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
                 y = _wait(funcol.all_reduce(y, "sum", _group_name())) / self.world_size
             return y
 
-        decompositions = [
-            ("desync", desynchronizing),
-            ("good", all_reduce_candidate("good")),
-        ]
-        DELAY_MS.clear()
-        DELAY_MS.update({"default": SLOW_MS, "good": SLOW_MS / 5})
-        with self.assertLogs(
-            "torch._inductor.runtime.collective_join", "WARNING"
-        ) as logs:
-            ran_while_compiling, ran_here, result, _ = self._autotune(
-                all_reduce_op, decompositions, device
-            )
+        ran_while_compiling, ran_here, result, warnings = self._autotune_beside_good(
+            "desync",
+            desynchronizing,
+            device,
+            "torch._inductor.runtime.collective_join",
+        )
         # Disqualified at the join, on every rank, without running; the
         # others competed on a channel it never touched.
         self.assertEqual(ran_while_compiling["desync"], 0)
@@ -660,9 +700,9 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         self.assertTrue(
             any(
                 "desync" in line and "different collectives" in line
-                for line in logs.output
+                for line in warnings
             ),
-            logs.output,
+            warnings,
         )
         self._assert_agreed_winner(ran_here, "good")
         inputs = [self._input(r, device) for r in range(self.world_size)]
@@ -673,6 +713,53 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         check = torch.ones(1)
         dist.all_reduce(check)
         self.assertEqual(check.item(), float(self.world_size))
+
+    def test_candidate_keeping_two_collectives_in_flight_is_not_chosen_on_gloo(self):
+        if self.backend_str() != "gloo":
+            raise unittest.SkipTest("a gloo hazard")
+        if self.world_size == 3:
+            raise unittest.SkipTest(
+                "2 and 4 ranks show every rank alike; keeps CI short"
+            )
+        device = self._init_rank()
+        ran_while_compiling, ran_here, result, warnings = self._autotune_beside_good(
+            "two_in_flight",
+            all_reduce_two_in_flight,
+            device,
+            "torch._inductor.runtime.collective_session",
+        )
+        # The fastest by far, yet read from its graph and disqualified on
+        # every rank before it ran, in benchmarking as in the program.
+        self.assertEqual(ran_while_compiling["two_in_flight"], 0)
+        self.assertTrue(
+            any(
+                "two_in_flight" in line
+                and "2 collectives in flight" in line
+                and "ProcessGroupGloo::runLoop" in line
+                for line in warnings
+            ),
+            warnings,
+        )
+        self._assert_agreed_winner(ran_here, "good")
+        inputs = [self._input(r, device) for r in range(self.world_size)]
+        expected = _expected("all_reduce", inputs, self.rank) + 1
+        torch.testing.assert_close(result, expected, rtol=0, atol=0)
+
+        if self.world_size != 2:
+            return  # the knob's effect does not depend on the world size
+        # With the knob, it competes, and wins (the knob is in the keys of
+        # Inductor's caches and of remembered decisions: the op is tuned anew).
+        torch._dynamo.reset()
+        clear_probes()
+        ran_while_compiling, ran_here, result, _ = self._autotune_beside_good(
+            "two_in_flight",
+            all_reduce_two_in_flight,
+            device,
+            collective_benchmark_allow_gloo_overlap=True,
+        )
+        self.assertGreaterEqual(ran_while_compiling["two_in_flight"], NWARMUP + NRUNS)
+        self._assert_agreed_winner(ran_here, "two_in_flight")
+        torch.testing.assert_close(result, expected, rtol=0, atol=0)
 
 
 class KilledRankTests(AutotuningTestMixin):

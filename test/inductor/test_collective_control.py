@@ -18,6 +18,9 @@ class):
 * Sessions leave no keys: after 4 sessions (4 compiles, each benchmarking),
   the keys under the control plane's prefix are the one status key per
   rank, on every rank; decisions stay on disk.
+* A benchmark channel dropped while a collective of this rank is pending on
+  it (its wait timed out) is destroyed without hanging, and the next one
+  works (the store rendezvous that builds it included); at 2 ranks.
 
 Every test also asserts the winner, that every rank ran it, and the exact
 result of the compiled program.
@@ -26,6 +29,7 @@ result of the compiled program.
 from __future__ import annotations
 
 import time
+import unittest
 from datetime import timedelta
 
 import torch
@@ -145,6 +149,34 @@ class ControlPlaneTests:
         status = [key for key in keys if "/status/" in key]
         self.assertEqual(len(status), self.world_size, keys)
         self.assertEqual(sorted(set(keys) - set(status)), [])
+
+    def test_channel_dropped_while_its_collective_is_pending(self):
+        # The last rank never joins an exchange on the benchmark channel: its
+        # peers' waits time out with their gloo work still pending, and they
+        # drop the channel.  ~ProcessGroupGloo joins the worker running that
+        # work, which may need the GIL to free the work's tensors: dropping
+        # must not hold the GIL meanwhile (docs/upstream/gloo-status-string-race.md).
+        # Then every member builds a new channel, which works.
+        if self.world_size != 2:
+            raise unittest.SkipTest("one late rank is enough; keeps CI short")
+        from torch._inductor.runtime.collective_channels import BenchmarkChannel
+
+        channel = BenchmarkChannel(
+            dist.group.WORLD, torch.device("cpu"), timedelta(seconds=TIMEOUT_S)
+        )
+        channel.get()
+        started = time.monotonic()
+        if self.rank == self.world_size - 1:
+            time.sleep(2 * TIMEOUT_S)
+        else:
+            with self.assertRaises(Exception):
+                channel.all_gather([float(self.rank)])
+        channel.drop()
+        self.assertLess(time.monotonic() - started, 60 * TIMEOUT_S)  # not a hang
+        self.assertEqual(
+            channel.all_gather([float(self.rank), 1.0]),
+            [[float(rank), 1.0] for rank in range(self.world_size)],
+        )
 
 
 for _world_size in (2, 3):

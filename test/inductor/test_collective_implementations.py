@@ -17,7 +17,8 @@ What this checks, at 2, 3 and 4 gloo ranks:
 * At 2 ranks, one compiled program with an op of each kind registered through
   ``register_collective_implementations``: every rank's program issues the
   same collectives in the same order (the same winner of each op everywhere)
-  and the results are exact.
+  and the results are exact; and the chunked implementations' graphs keep
+  one collective in flight on a gloo group.
 
 And, without ranks: registering an unknown collective or implementation is
 a clear error.
@@ -25,7 +26,9 @@ a clear error.
 
 from __future__ import annotations
 
+import functools
 import re
+import types
 
 import torch
 import torch.distributed as dist
@@ -33,8 +36,10 @@ from torch._inductor.kernel.collective_implementations import (
     IMPLEMENTATIONS,
     register_collective_implementations,
 )
+from torch._inductor.runtime.collective_choices import collectives_in_flight
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch._inductor.utils import run_and_get_code
+from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from rank_processes import RankProcessesTestCase
@@ -169,6 +174,25 @@ class CompiledImplementationsTest(RankProcessesTestCase):
         everywhere: list = [None] * world
         dist.all_gather_object(everywhere, issued)
         self.assertEqual(everywhere, [issued] * world)
+
+    def test_chunked_implementations_keep_one_collective_in_flight_on_gloo(self):
+        # Two collectives finishing together on one gloo group can corrupt
+        # the heap (docs/upstream/gloo-status-string-race.md): on gloo, the
+        # pipelined implementations wait for each piece before issuing the
+        # next, as their graphs show.
+        group_name = dist.group.WORLD.group_name
+        x = torch.zeros(self.world_size * 6, 5)
+        in_flight = {}
+        for kind, implementations in IMPLEMENTATIONS.items():
+            if "chunked" in implementations:
+                fn, params = implementations["chunked"]
+                self.assertGreater(params["in_flight"], 1)
+                gm = make_fx(
+                    functools.partial(fn, group_name=group_name, **params),
+                    tracing_mode="fake",
+                )(x)
+                in_flight[kind] = collectives_in_flight(types.SimpleNamespace(gm=gm))
+        self.assertEqual(in_flight, {"all_reduce": 1, "all_gather": 1, "all_to_all": 1})
 
 
 class RegistrationErrorsTest(TestCase):

@@ -135,6 +135,7 @@ from torch._inductor.runtime.collective_choices import (
     collective_candidates,
     collective_group_name,
     collective_signature,
+    collectives_in_flight,
 )
 from torch._inductor.runtime.collective_control import ensure_heartbeat
 from torch._inductor.virtualized import V
@@ -429,6 +430,7 @@ def _op_to_tune(tunable: _Tunable, tuning_key: str, positions: list[int]) -> OpT
             is_default,
             functools.partial(runners.prepare, index),
             signature=collective_signature(choice),
+            in_flight=collectives_in_flight(choice),
         )
         for index, (choice, (name, is_default)) in enumerate(
             zip(tunable.choices, candidate_names(tunable.choices), strict=True)

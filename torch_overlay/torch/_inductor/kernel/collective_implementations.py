@@ -38,7 +38,12 @@ which adds zeros: it turns ``-0.0`` into ``+0.0``.
 Chunking follows the bounded pipeline of PCCL-style collectives: a large
 tensor is cut in ``chunks`` pieces with at most ``in_flight`` collectives
 outstanding, which bounds the memory held by in-flight buffers and lets the
-transfer of one piece overlap the wait for another.
+transfer of one piece overlap the wait for another.  On a gloo group a
+chunked implementation keeps one collective in flight whatever
+``in_flight`` says: two finishing together on one gloo group can corrupt
+the heap (see "Memory safety on gloo" in
+``torch/_inductor/runtime/collective_benchmarking.py``), and the autotuner
+disqualifies, on gloo, any candidate whose graph keeps more than one.
 """
 
 from __future__ import annotations
@@ -90,13 +95,23 @@ def _all_to_all(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return _wait(_funcol.all_to_all_single(x, splits, splits, group_name))
 
 
+def _backend(group_name: str) -> str:
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    return _resolve_process_group(cast("GroupName", group_name))._get_backend_name()
+
+
 def _pipelined(
     pieces: Sequence[torch.Tensor],
     issue: Callable[[torch.Tensor], torch.Tensor],
     in_flight: int,
+    group_name: str,
 ) -> list[torch.Tensor]:
     # Issue one collective per piece, waiting for the oldest whenever
-    # in_flight of them are outstanding; results in order.
+    # in_flight of them are outstanding; results in order.  One at a time on
+    # gloo (see the module docstring).
+    if _backend(group_name) == "gloo":
+        in_flight = 1
     pending: list[torch.Tensor] = []
     done: list[torch.Tensor] = []
     for piece in pieces:
@@ -135,10 +150,13 @@ def all_reduce_all_gather_sum(x: torch.Tensor, group_name: str) -> torch.Tensor:
 def all_reduce_chunked(
     x: torch.Tensor, group_name: str, chunks: int = 4, in_flight: int = 2
 ) -> torch.Tensor:
-    """``chunks`` all_reduces of pieces of ``x``, at most ``in_flight`` outstanding."""
+    """``chunks`` all_reduces of pieces of ``x``, at most ``in_flight`` outstanding (one on gloo)."""
     pieces = x.reshape(-1).tensor_split(chunks)
     reduced = _pipelined(
-        pieces, lambda piece: _funcol.all_reduce(piece, "sum", group_name), in_flight
+        pieces,
+        lambda piece: _funcol.all_reduce(piece, "sum", group_name),
+        in_flight,
+        group_name,
     )
     return torch.cat(reduced).view_as(x)
 
@@ -168,13 +186,14 @@ def all_gather_all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
 def all_gather_chunked(
     x: torch.Tensor, group_name: str, chunks: int = 2, in_flight: int = 2
 ) -> torch.Tensor:
-    """``chunks`` all_gathers of pieces of dim 0, at most ``in_flight`` outstanding."""
+    """``chunks`` all_gathers of pieces of dim 0, at most ``in_flight`` outstanding (one on gloo)."""
     world = _size(group_name)
     pieces = x.tensor_split(chunks)
     gathered = _pipelined(
         pieces,
         lambda piece: _funcol.all_gather_into_tensor(piece, world, group_name),
         in_flight,
+        group_name,
     )
     # Piece j gathered is [rank 0's piece j, rank 1's piece j, ...]: regroup by rank.
     per_rank = [g.view(world, -1, *x.shape[1:]) for g in gathered]
@@ -210,7 +229,7 @@ def all_to_all_direct(x: torch.Tensor, group_name: str) -> torch.Tensor:
 def all_to_all_chunked(
     x: torch.Tensor, group_name: str, chunks: int = 2, in_flight: int = 2
 ) -> torch.Tensor:
-    """Every rank's slice cut in ``chunks`` pieces, one all_to_all per piece, at most ``in_flight`` outstanding."""
+    """Every rank's slice cut in ``chunks`` pieces, one all_to_all per piece, at most ``in_flight`` outstanding (one on gloo)."""
     world = _size(group_name)
     slices = x.view(world, x.shape[0] // world, *x.shape[1:])
     pieces = [
@@ -226,6 +245,7 @@ def all_to_all_chunked(
             piece, splits(piece), splits(piece), group_name
         ),
         in_flight,
+        group_name,
     )
     per_rank = [e.view(world, -1, *x.shape[1:]) for e in exchanged]
     return torch.cat(per_rank, dim=1).view_as(x)

@@ -88,6 +88,33 @@ per group and graph when the scheduler tunes a graph's collective ops together
    noise, or the default stays.  When nothing qualifies every member uses
    the default.
 
+Memory safety on gloo
+---------------------
+A candidate that keeps two collectives in flight on one gloo group (issues
+the second before waiting for the first) can corrupt the heap of the process
+that runs it.  ``ProcessGroupGloo::runLoop`` (torch 2.15.0) stores the name
+of each finished work into a status string that the group's two worker
+threads share, after releasing the group's lock: load the old buffer, store
+the new one, free the old.  Names longer than 15 characters live on the heap
+(an ``all_gather_into_tensor`` records ``ALLGATHER_COALESCED``); two workers
+inside that window free the same buffer twice, and a later ``malloc`` aborts
+("malloc(): unaligned tcache chunk detected") or crashes.  With one
+collective in flight the two workers finish a whole collective apart, so
+that one would have to be held in that window for as long (shown with gdb,
+never seen otherwise; ``scripts/repro_gloo_status_race.py``).
+
+The autotuner must not tune a program into it: a winner runs on the job's
+own group, for the rest of the job.  Each candidate's graph says how many
+collectives it keeps in flight (``collectives_in_flight``, compared at the
+join like the rest of its signature); on a gloo group, one that keeps more
+than one is disqualified on every member before anything runs, with a
+warning naming it, unless ``collective_benchmark_allow_gloo_overlap`` is
+set.  So, by default, neither benchmarking nor the program runs it; the
+library's pipelined implementations keep one collective in flight on gloo
+(``kernel/collective_implementations.py``), and the protocol's own
+collectives are issued one at a time.  The op's eager implementation has no
+graph to read: it is what the program runs untuned anyway.
+
 Every step is bounded: by ``collective_benchmark_timeout`` for a member that
 shows no sign of life, by ``collective_benchmark_max_wait`` for one that is
 alive but absent (see ``collective_control.py``).  Seconds spent per step are
@@ -212,6 +239,9 @@ class CollectiveBenchmarkConfig:
     confidence: float = 0.95
     """How sure a session must be that a candidate beats the default before replacing it."""
 
+    allow_gloo_overlap: bool = False
+    """Let candidates that keep several collectives in flight on one gloo group compete."""
+
     def __post_init__(self) -> None:
         if self.nruns < 1:
             raise ValueError(f"nruns must be >= 1, got {self.nruns}")
@@ -243,6 +273,7 @@ class CollectiveBenchmarkConfig:
                 timedelta(seconds=config.collective_benchmark_max_wait), timeout
             ),
             confidence=config.collective_benchmark_confidence,
+            allow_gloo_overlap=config.collective_benchmark_allow_gloo_overlap,
         )
 
 
@@ -258,7 +289,9 @@ class Candidate:
     charged to a bounded collective step.  ``signature``
     describes the collectives ``fn`` issues (see ``collective_signature``):
     a candidate whose signature is not the same on every member is
-    disqualified at the join, without running.
+    disqualified at the join, without running.  ``in_flight`` is the most
+    collectives ``fn`` keeps in flight at once on one group (part of the
+    signature; see "Memory safety on gloo" in the module docstring).
     """
 
     name: str
@@ -266,6 +299,7 @@ class Candidate:
     is_default: bool = False
     prepare: Callable[[], Any] | None = None
     signature: str = ""
+    in_flight: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,6 +488,7 @@ class CollectiveBenchmarker:
             config.tie_tolerance,
             config.screen,
             config.confidence,
+            config.allow_gloo_overlap,
         )
         group = (
             *process_group_topology(self.group),

@@ -20,6 +20,15 @@ part in another collective after one did not complete.
   protocol aborts first and the NCCL watchdog does not tear the process
   down.
 
+A gloo channel has gloo's two worker threads, as the job's groups have: with
+one, a small collective took 2 to 4 times as long here (two ranks, 240
+floats), which would time candidates on another footing than the program.
+Two threads can run two collectives of the group at once, which is unsafe on
+gloo (see "Memory safety on gloo" in ``collective_benchmarking.py``): a
+candidate that keeps several in flight never runs on a gloo channel unless
+``collective_benchmark_allow_gloo_overlap`` is set, and the protocol issues
+its own collectives one at a time.
+
 A gloo channel connects its ranks while it is built; once every member has
 built it, the last one deletes the rendezvous keys it used from the store
 (an NCCL channel connects at its first collective and keeps them).
@@ -243,9 +252,20 @@ class BenchmarkChannel:
         return state.channel
 
     def drop(self) -> None:
-        """Discard the channel; a peer's pending collective on it fails at once."""
+        """Discard the channel; a peer's pending collective on it fails at once.
+
+        Returns once a gloo channel is destroyed: at once, or, when a
+        collective of this rank is still pending on it (its wait timed out),
+        when that collective ends, within the channel's own timeout.
+        """
         # Dropping the last reference closes a gloo channel's sockets; NCCL
-        # needs an abort.
+        # needs an abort.  ~ProcessGroupGloo first joins its worker threads,
+        # and a worker that releases a finished work may need the GIL (to
+        # free its tensors' Python objects).  The join runs without the GIL:
+        # the reference dropped here is the Python object's, whose holder
+        # (c10d's IntrusivePtrNoGilDestructor) releases the GIL first, so
+        # the worker finishes and this rank's heartbeat goes on (measured
+        # with scripts/repro_gloo_destroy_pending.py).
         channel, self._state.channel = self._state.channel, None
         if channel is not None and self.backend == "nccl":
             channel.abort()

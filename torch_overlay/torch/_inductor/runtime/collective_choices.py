@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import operator
 from typing import Any, cast, TYPE_CHECKING
 
 import torch
@@ -39,6 +40,7 @@ __all__ = [
     "collective_candidates",
     "collective_group_name",
     "collective_signature",
+    "collectives_in_flight",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,18 @@ def _collective_nodes(choice: Any) -> list[torch.fx.Node]:
     ]
 
 
+def _group_of(node: torch.fx.Node) -> str | None:
+    # The group_name argument of a collective node, positional or by keyword.
+    if "group_name" in node.kwargs:
+        return str(node.kwargs["group_name"])
+    schema = cast("torch._ops.OpOverload", node.target)._schema
+    # node.args omits trailing defaulted arguments: pairs up to its end.
+    for argument, value in zip(schema.arguments, node.args, strict=False):
+        if argument.name == "group_name":
+            return str(value)
+    return None
+
+
 def collective_group_name(choices: Sequence[Any]) -> str | None:
     """The process group the collectives of ``choices`` run on, read from their graphs.
 
@@ -74,15 +88,9 @@ def collective_group_name(choices: Sequence[Any]) -> str | None:
     names: dict[str, str] = {}
     for choice in choices:
         for node in _collective_nodes(choice):
-            schema = cast("torch._ops.OpOverload", node.target)._schema
-            # node.args omits trailing defaulted arguments: pairs up to its end.
-            for argument, value in zip(schema.arguments, node.args, strict=False):
-                if argument.name == "group_name":
-                    names.setdefault(str(value), getattr(choice, "name", "?"))
-            if "group_name" in node.kwargs:
-                names.setdefault(
-                    str(node.kwargs["group_name"]), getattr(choice, "name", "?")
-                )
+            group = _group_of(node)
+            if group is not None:
+                names.setdefault(group, getattr(choice, "name", "?"))
     if len(names) > 1:
         raise CollectiveBenchmarkError(
             "collective autotuning: the candidates of one op must use one process "
@@ -113,7 +121,53 @@ def collective_signature(choice: Any) -> str:
         for node in _collective_nodes(choice)
         if "wait_tensor" not in str(node.target)
     ]
+    # How many collectives it keeps in flight decides, on gloo, whether it may
+    # run (see collectives_in_flight): the join compares it with the rest.
+    in_flight = collectives_in_flight(choice)
+    if in_flight > 1:
+        calls.append(f"{in_flight} in flight")
     return digest("\n".join(calls)) if calls else ""
+
+
+def collectives_in_flight(choice: Any) -> int:
+    """The most functional collectives ``choice``'s graph keeps in flight at once on one group.
+
+    A collective is in flight from the node that issues it to the first
+    ``wait_tensor`` of its output (of any of its outputs, for a coalesced
+    one).  0 for a choice without a graph (the op's eager implementation).
+    The same on every rank for the same graph; the join compares it (it is
+    part of :func:`collective_signature`).
+
+    Two on one gloo group can corrupt the heap: ProcessGroupGloo's worker
+    threads each store the name of the work they finished into a status
+    string shared by the group, without a lock, and two that finish together
+    free the same buffer (torch 2.15.0; see the module docstring of
+    ``collective_benchmarking.py``).
+    """
+    gm = getattr(choice, "gm", None)
+    if gm is None:
+        return 0
+    functional = torch.ops._c10d_functional
+    issued_by: dict[torch.fx.Node, torch.fx.Node] = {}  # an output -> its collective
+    pending: dict[str | None, set[torch.fx.Node]] = {}  # group -> collectives
+    group_of: dict[torch.fx.Node, str | None] = {}
+    most = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem and node.args[0] in issued_by:
+            issued_by[node] = issued_by[node.args[0]]
+        elif node.target in (functional.wait_tensor, functional.wait_tensor.default):
+            collective = issued_by.get(node.args[0])
+            if collective is not None:
+                pending[group_of[collective]].discard(collective)
+        elif getattr(node.target, "namespace", None) == "_c10d_functional":
+            group = group_of[node] = _group_of(node)
+            issued_by[node] = node
+            in_flight = pending.setdefault(group, set())
+            in_flight.add(node)
+            most = max(most, len(in_flight))
+    return most
 
 
 def candidate_names(choices: Sequence[Any]) -> list[tuple[str, bool]]:
@@ -166,6 +220,7 @@ def collective_candidates(
                 # Subgraph choices compile lazily on their first run.
                 prepare=getattr(choice, "_ensure_compiled", None),
                 signature=collective_signature(choice),
+                in_flight=collectives_in_flight(choice),
             )
         )
     return candidates, f"{shapes}"

@@ -60,6 +60,8 @@ class CandidateStatus(enum.IntEnum):
     RAISED = 4  # the candidate raised on this rank
     # its collectives differ between ranks: it would desynchronize the others
     DESYNCHRONIZED = 5
+    # the backend cannot run its collectives safely (several in flight on gloo)
+    UNSAFE = 6
 
     @property
     def retryable(self) -> bool:

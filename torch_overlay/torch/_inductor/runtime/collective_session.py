@@ -297,7 +297,9 @@ class SessionRun:
     ``plans`` holds each benchmarked op's key and its candidates in preference
     order (the default first).  ``excluded`` maps (op, candidate) positions
     to results already agreed at the join (a candidate that is not the same
-    on every member never runs); ``prepare_errors`` holds the positions whose
+    on every member never runs); on gloo, a candidate that keeps several
+    collectives in flight never runs either (unless the config allows it).
+    ``prepare_errors`` holds the positions whose
     local preparation (compilation) failed on this member.  ``twins`` gives,
     per op, the *twin* of its default (the same implementation, or None):
     timed in every interleaved iteration like a candidate, never warmed up
@@ -320,7 +322,7 @@ class SessionRun:
         self.device = device
         self.channel = channel
         self.control = control
-        self.excluded = excluded
+        self.excluded = {**excluded, **self._unsafe(plans, excluded)}
         self.prepare_errors = prepare_errors
         twins = twins or [None] * len(plans)
         # The twin, when there is one, is an op's last candidate here.
@@ -330,6 +332,42 @@ class SessionRun:
         ]
         self._has_twin = [twin is not None for twin in twins]
         self.twin_results: list[CandidateResult | None] = [None] * len(plans)
+
+    def _unsafe(
+        self,
+        plans: Sequence[tuple[str, Sequence[Candidate]]],
+        excluded: dict[tuple[int, int], CandidateResult],
+    ) -> dict[tuple[int, int], CandidateResult]:
+        # On gloo, a candidate that keeps several collectives in flight on
+        # the group is disqualified before it runs (see "Memory safety on
+        # gloo" in collective_benchmarking.py).  Every member decides alike:
+        # in_flight is read from the candidate's graph and is part of its
+        # signature, and the setting is part of the join's digest.
+        if self.channel.backend != "gloo" or self.config.allow_gloo_overlap:
+            return {}
+        unsafe = {}
+        for op, (_, candidates) in enumerate(plans):
+            for index, candidate in enumerate(candidates):
+                if candidate.in_flight <= 1 or (op, index) in excluded:
+                    continue
+                unsafe[(op, index)] = CandidateResult(
+                    candidate.name,
+                    (RankReport(CandidateStatus.UNSAFE),) * self.control.size,
+                    stage=f"screening: {candidate.in_flight} collectives in flight on gloo",
+                )
+                log.warning(
+                    "collective autotuning: %s keeps %d collectives in flight on "
+                    "gloo group %r; disqualified on every rank. Two gloo works that "
+                    "finish together can corrupt the heap (ProcessGroupGloo::runLoop "
+                    "stores the finished work's name into a status string shared by "
+                    "its worker threads without a lock). Set "
+                    "torch._inductor.config.collective_benchmark_allow_gloo_overlap "
+                    "to let it compete.",
+                    candidate.name,
+                    candidate.in_flight,
+                    self.control.group_name,
+                )
+        return unsafe
 
     def run(self) -> list[list[CandidateResult]]:
         """Every candidate's agreed result, per op; the same on every member.
