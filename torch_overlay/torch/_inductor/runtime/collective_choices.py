@@ -39,6 +39,7 @@ __all__ = [
     "collective_candidates",
     "collective_group_name",
     "collective_signature",
+    "is_collective",
 ]
 
 log = logging.getLogger(__name__)
@@ -52,16 +53,19 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def is_collective(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls a collective or waits for one (c10d, functional or not)."""
+    return (
+        node.op == "call_function"
+        and getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES
+    )
+
+
 def _collective_nodes(choice: Any) -> list[torch.fx.Node]:
     gm = getattr(choice, "gm", None)
     if gm is None:
         return []
-    return [
-        node
-        for node in gm.graph.nodes
-        if node.op == "call_function"
-        and getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES
-    ]
+    return [node for node in gm.graph.nodes if is_collective(node)]
 
 
 def collective_group_name(choices: Sequence[Any]) -> str | None:
