@@ -483,10 +483,9 @@ class _Runners:
             )
         return candidates
 
-    def prepare(self, index: int) -> None:
+    def prepare(self, index: int) -> Any:
         prepare = self.candidates[index].prepare
-        if prepare is not None:
-            prepare()
+        return prepare() if prepare is not None else None
 
     def run(self, index: int) -> Any:
         return self.candidates[index].fn()

@@ -32,7 +32,10 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor import config, ir
-from torch._inductor.runtime.collective_choices import is_collective
+from torch._inductor.runtime.collective_choices import (
+    compile_in_background,
+    is_collective,
+)
 from torch._inductor.runtime.collective_decisions import first_tensor
 from torch._inductor.utils import convert_shape_to_inductor
 from torch._inductor.virtualized import V
@@ -350,7 +353,7 @@ def time_with_epilogue(
             def fn(fused: Any = fused) -> Any:
                 return fused.benchmark_collective(*inputs, *extras, out=epilogue_out)
 
-            prepare = fused._ensure_compiled
+            prepare = compile_in_background(fused._ensure_compiled)
         else:
             if epilogue_only is None:
                 epilogue_only = _with_epilogue_caller(None, node, epilogue)
@@ -361,17 +364,25 @@ def time_with_epilogue(
                     first_tensor(run()), *extras, out=epilogue_out
                 )
 
-            prepare = _both(candidate.prepare, alone._ensure_compiled)
+            prepare = _both(
+                candidate.prepare, compile_in_background(alone._ensure_compiled)
+            )
         timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
     return timed
 
 
 def _both(
     first: Callable[[], Any] | None, second: Callable[[], Any]
-) -> Callable[[], None]:
-    def prepare() -> None:
-        if first is not None:
-            first()
-        second()
+) -> Callable[[], Callable[[], None]]:
+    # Both preparations, each started now; the returned callable finishes both.
+    def prepare() -> Callable[[], None]:
+        finishers = [first() if first is not None else None, second()]
+
+        def finish() -> None:
+            for finisher in finishers:
+                if callable(finisher):
+                    finisher()
+
+        return finish
 
     return prepare

@@ -255,7 +255,10 @@ class Candidate:
     does the candidate's local one-time work (compilation): it runs on every
     rank after the join, only when the group benchmarks the op, and before a
     rendezvous, so that its duration, which differs between ranks, is not
-    charged to a bounded collective step.  ``signature``
+    charged to a bounded collective step.  It may leave work running (kernel
+    builds) and return a callable that waits for it: every candidate's
+    ``prepare`` is called before any of these callables, so that the work
+    of all candidates overlaps.  ``signature``
     describes the collectives ``fn`` issues (see ``collective_signature``):
     a candidate whose signature is not the same on every member is
     disqualified at the join, without running.
@@ -460,23 +463,33 @@ class CollectiveBenchmarker:
     def _prepare(
         self, ordered: Sequence[Sequence[Candidate]], to_run: Sequence[int]
     ) -> set[tuple[int, int]]:
-        # Compile the candidates of the ops the group benchmarks; a candidate
-        # whose preparation fails is disqualified in its warmup, on every
-        # member.  Returns the (op, candidate index) that failed.
-        failed = set()
+        # Compile the candidates of the ops the group benchmarks: start every
+        # candidate's compilation, then wait for what each left running
+        # (kernel builds, which overlap each other and the next candidates'
+        # lowering).  A candidate whose preparation fails is disqualified in
+        # its warmup, on every member.  Returns the (op, candidate index)
+        # that failed.
+        failed: set[tuple[int, int]] = set()
+
+        def attempt(position: tuple[int, int], name: str, step: Callable[[], Any]) -> Any:
+            try:
+                return step()
+            except Exception:
+                log.warning(
+                    "collective autotuning: preparing %s failed", name, exc_info=True
+                )
+                failed.add(position)
+                return None
+
+        running = []
         for i in to_run:
             for index, candidate in enumerate(ordered[i]):
-                if candidate.prepare is None:
-                    continue
-                try:
-                    candidate.prepare()
-                except Exception:
-                    log.warning(
-                        "collective autotuning: preparing %s failed",
-                        candidate.name,
-                        exc_info=True,
-                    )
-                    failed.add((i, index))
+                if candidate.prepare is not None:
+                    finish = attempt((i, index), candidate.name, candidate.prepare)
+                    if callable(finish):
+                        running.append(((i, index), candidate.name, finish))
+        for position, name, finish in running:
+            attempt(position, name, finish)
         return failed
 
     def _decide(
