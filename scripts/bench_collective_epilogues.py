@@ -120,7 +120,9 @@ def compiled_variant(program, collective):
     import torch
 
     code = program.__code__.replace()
-    fn = type(program)(code, program.__globals__, program.__name__, None, program.__closure__)
+    fn = type(program)(
+        code, program.__globals__, program.__name__, None, program.__closure__
+    )
     return torch.compile(functools.partial(fn, collective))
 
 
@@ -184,7 +186,9 @@ def worker(args: argparse.Namespace, out_dir: Path) -> None:
             with inductor_config.patch(
                 {"test_configs.force_custom_op_decomposition": False}
             ):
-                programs[DEFAULT] = compiled_variant(program, lambda x: op(x, group_name))
+                programs[DEFAULT] = compiled_variant(
+                    program, lambda x: op(x, group_name)
+                )
                 reference = programs[DEFAULT](*inputs)
             for implementation in registered:
                 fn, params = IMPLEMENTATIONS[kind][implementation]
@@ -250,7 +254,8 @@ def summarize(nproc: int, cell: dict) -> dict:
         "times": times,
         "best": best,
         "choices": {
-            path: collections.Counter(values) for path, values in cell["choices"].items()
+            path: collections.Counter(values)
+            for path, values in cell["choices"].items()
         },
         "vs_best": {
             path: {
@@ -340,7 +345,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--nproc", default="2,3,4")
-    parser.add_argument("--shapes", default="48x256,768x1024", help="rows x hidden per rank")
+    parser.add_argument(
+        "--shapes", default="48x256,768x1024", help="rows x hidden per rank"
+    )
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--compiles", type=int, default=3)
     parser.add_argument("--oracle-runs", type=int, default=60)
@@ -351,7 +358,9 @@ def main() -> None:
         worker(args, Path(args.out))
         return
     if args.oracle_runs < MIN_ROUNDS:
-        parser.error(f"--oracle-runs must be at least {MIN_ROUNDS} for a 95% CI of a median")
+        parser.error(
+            f"--oracle-runs must be at least {MIN_ROUNDS} for a 95% CI of a median"
+        )
     import torch
 
     print(

@@ -95,7 +95,8 @@ added to ``torch._dynamo.utils.counters["collective_autotuning"]``:
 ``presync_s`` in joins (mostly waiting for the slowest member to finish
 compiling), ``sync_s`` in the exchange, the commit and failure agreements,
 ``warmup_s`` and ``timed_s`` in the candidates' runs, ``prepare_s`` in
-compilation; ``presync`` counts joins, ``exchanges`` exchanges and
+compilation (of which ``build_wait_s`` waiting for kernel builds that the
+lowering of every candidate left running); ``presync`` counts joins, ``exchanges`` exchanges and
 ``sync_collectives`` the collectives the protocol issued itself.
 """
 
@@ -471,7 +472,9 @@ class CollectiveBenchmarker:
         # that failed.
         failed: set[tuple[int, int]] = set()
 
-        def attempt(position: tuple[int, int], name: str, step: Callable[[], Any]) -> Any:
+        def attempt(
+            position: tuple[int, int], name: str, step: Callable[[], Any]
+        ) -> Any:
             try:
                 return step()
             except Exception:
@@ -488,8 +491,9 @@ class CollectiveBenchmarker:
                     finish = attempt((i, index), candidate.name, candidate.prepare)
                     if callable(finish):
                         running.append(((i, index), candidate.name, finish))
-        for position, name, finish in running:
-            attempt(position, name, finish)
+        with timed("build_wait_s"):
+            for position, name, finish in running:
+                attempt(position, name, finish)
         return failed
 
     def _decide(

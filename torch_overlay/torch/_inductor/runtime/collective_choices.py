@@ -193,7 +193,8 @@ def _kernel_waits_deferred() -> Iterator[list[tuple[Any, dict[str, Any]]]]:
 
     state = async_compile._deferred_waits
     outer = getattr(state, "scopes", None)
-    state.scopes = scopes = []
+    scopes: list[tuple[Any, dict[str, Any]]] = []
+    state.scopes = scopes
     try:
         yield scopes
     finally:
