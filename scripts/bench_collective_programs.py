@@ -29,12 +29,21 @@ range), so the benchmark itself costs about the same at every size; what
 dynamic shapes add is the symbolic compilation of every candidate, and what
 ranges add is one decision per range and the ``torch.cond`` dispatch.
 
+The last column splits the compilation of the candidates (the benchmarker's
+``prepare_s``, slowest rank) into lowering them (Python, on the compiling
+thread) and waiting for their kernel builds (Inductor's compile workers),
+which all candidates' lowering leaves running together (patch 0008).
+``--sequential-builds`` waits for each candidate's builds before lowering
+the next, as before that patch, for comparison.
+
 Usage:
   python scripts/bench_collective_programs.py [--nproc 2] [--repeats 3] [--rows 256]
       [--cols 256] [--upper 1024] [--programs static,dynamic,mark,ranges2,ranges4]
+      [--sequential-builds]
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -70,6 +79,11 @@ def worker(program: str, path: str, args: argparse.Namespace, out_dir: Path) -> 
 
     from demo_collective_autotuning import all_reduce_op
 
+    if args.sequential_builds:
+        from torch._inductor.runtime import collective_choices
+
+        # Each candidate's kernel builds waited for as its module loads.
+        collective_choices._kernel_waits_deferred = lambda: contextlib.nullcontext([])
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
     group_name = dist.group.WORLD.group_name
@@ -122,6 +136,8 @@ def worker(program: str, path: str, args: argparse.Namespace, out_dir: Path) -> 
         "sessions": counters["collective_autotuning"]["presync"],
         "decisions": counters["collective_autotuning"]["ops"],
         "candidates": candidates,
+        "prepare_s": counters["collective_autotuning"]["prepare_s"],
+        "build_wait_s": counters["collective_autotuning"]["build_wait_s"],
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
@@ -138,6 +154,7 @@ def main() -> None:
     parser.add_argument("--cols", type=int, default=256)
     parser.add_argument("--upper", type=int, default=1024)
     parser.add_argument("--programs", default=",".join(PROGRAMS))
+    parser.add_argument("--sequential-builds", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--program", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -150,6 +167,7 @@ def main() -> None:
 
     programs = args.programs.split(",")
     sizes = [
+        *(["--sequential-builds"] if args.sequential_builds else []),
         "--rows",
         str(args.rows),
         "--cols",
@@ -186,21 +204,33 @@ def main() -> None:
                 flush=True,
             )
 
-    def median(program: str, path: str) -> float:
+    def median(program: str, path: str, field: str = "first_call_s") -> float:
         if path == "untuned" and program.startswith("ranges"):
             program = "mark"
-        return statistics.median(r["first_call_s"] for r in reports[(program, path)])
+        return statistics.median(r[field] for r in reports[(program, path)])
+
+    def compiling(program: str, path: str) -> str:
+        total = median(program, path, "prepare_s")
+        waiting = median(program, path, "build_wait_s")
+        return f"{total - waiting:.2f} + {waiting:.2f}"
 
     print(
         f"torch {torch.__version__}, gloo, {args.nproc} ranks, {os.cpu_count()} CPUs, "
         f"caches off; x: {args.rows} x {args.cols} float32, ranges up to {args.upper} rows; "
-        f"first call, slowest rank, median of {args.repeats} launches; seconds\n"
+        f"first call, slowest rank, median of {args.repeats} launches; seconds"
+        + (
+            "; each candidate's kernel builds waited for in turn"
+            if args.sequential_builds
+            else ""
+        )
+        + "\n"
     )
     print(
         "| program | untuned | V1 | V2 | V1 vs static | V2 vs static "
-        "| sessions V1 / V2 | decisions (candidates) V1 / V2 |"
+        "| sessions V1 / V2 | decisions (candidates) V1 / V2 "
+        "| candidates compiled V1 / V2: lowering + waiting for builds |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for program in programs:
         cost = {}
         for path in ("V1", "V2"):
@@ -213,7 +243,8 @@ def main() -> None:
             f"| {cost['V1']} | {cost['V2']} "
             f"| {last['V1']['sessions']} / {last['V2']['sessions']} "
             f"| {last['V1']['decisions']} ({last['V1']['candidates']}) "
-            f"/ {last['V2']['decisions']} ({last['V2']['candidates']}) |",
+            f"/ {last['V2']['decisions']} ({last['V2']['candidates']}) "
+            f"| {compiling(program, 'V1')} / {compiling(program, 'V2')} |",
             flush=True,
         )
 

@@ -86,28 +86,37 @@ def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return torch.empty_like(x)
 
 
+# All_gather and reduce_scatter along dim 0, as the library's implementations.
+def _gathered(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return x.new_empty((x.shape[0] * _group(group_name).size(), *x.shape[1:]))
+
+
+def _scattered(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    return x.new_empty((x.shape[0] // _group(group_name).size(), *x.shape[1:]))
+
+
 @torch.library.custom_op("collective_demo::all_gather", mutates_args=())
 def all_gather_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    out = x.new_empty(x.numel() * _group(group_name).size())
+    out = _gathered(x, group_name)
     dist.all_gather_into_tensor(out, x, group=_group(group_name))
     return out
 
 
 @all_gather_op.register_fake
 def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return x.new_empty(x.numel() * _group(group_name).size())
+    return _gathered(x, group_name)
 
 
 @torch.library.custom_op("collective_demo::reduce_scatter", mutates_args=())
 def reduce_scatter_op(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    out = x.new_empty(x.numel() // _group(group_name).size())
+    out = _scattered(x, group_name)
     dist.reduce_scatter_tensor(out, x, group=_group(group_name))
     return out
 
 
 @reduce_scatter_op.register_fake
 def _(x: torch.Tensor, group_name: str) -> torch.Tensor:
-    return x.new_empty(x.numel() // _group(group_name).size())
+    return _scattered(x, group_name)
 
 
 @torch.library.custom_op("collective_demo::all_to_all", mutates_args=())

@@ -13,7 +13,16 @@ this file checks the scheduler-level behaviour (torch/_inductor/collective_autot
   pointwise tail fuses with the op's epilogue, saving a pass over a large
   tensor.  V1 times it alone and keeps the default; V2 times every candidate
   with the epilogue and picks it; the generated code shows the tail and the
-  epilogue in one kernel, and both results are correct.
+  epilogue in one kernel, and both results are correct.  Only that
+  candidate is compiled with the epilogue: the default and a candidate
+  ending in a custom op keep their own compilation and share one compiled
+  epilogue.
+* When the epilogue is timed (no ranks): each candidate's tail is read from
+  its graph's last op (``TailFusion``: a collective, its wait, a view of it,
+  a custom op or the eager default end in a buffer of their own; a
+  pointwise op fuses; a reduction may; a concatenation does not on CPU and
+  may on GPU), and the candidates are timed with the epilogue only when
+  their tails differ.
 * Mismatched node lists: ranks that compiled different graphs (here one more
   collective op on rank 0, identical to the other) raise the same
   ``CollectiveBenchmarkError`` at the pre-sync, on every rank, within the
@@ -29,27 +38,37 @@ this file checks the scheduler-level behaviour (torch/_inductor/collective_autot
   exactly the warmup and timed runs of 2 ops, and all four nodes run the
   expected winner on every rank with the exact result.
 * Decisions are shared within a process: an op tuned under V1, then the same
-  op (no epilogue) in a new graph under V2, and the reverse: the second
-  compile benchmarks nothing (every rank remembers the decision), runs no
-  candidate while compiling, and runs the same winner.
+  op in a new graph under V2, followed by an epilogue that no candidate's
+  tail can fuse with (so V2 times them alone, under V1's key), and the
+  reverse: the second compile benchmarks nothing (every rank remembers the
+  decision), runs no candidate while compiling, and runs the same winner.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
+import types
 
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
+from torch._inductor.collective_epilogue import (
+    epilogue_to_time_with,
+    tail_fusion,
+    TailFusion,
+)
+from torch._inductor.decomposition import select_decomp_table
 from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
-from torch.testing._internal.common_utils import run_tests
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.testing._internal.common_utils import run_tests, TestCase
 
 from rank_processes import forget_remembered_decisions, RankProcessesTestCase
 from test_collective_autotuning import (
@@ -99,6 +118,13 @@ def broadcast_sum_fused_tail(x, width):
     # fuses with a pointwise epilogue, and the output is written once.
     total = _wait(funcol.all_reduce(probe(x, "fused_tail"), "sum", _group_name()))
     return total.expand(x.shape[0], width).clone()
+
+
+def broadcast_sum_direct(x, width):
+    # Ends in a custom op (the probe copies the broadcast): nothing for the
+    # epilogue to fuse with, so it keeps its own compilation under V2.
+    total = _wait(funcol.all_reduce(x, "sum", _group_name()))
+    return probe(total.expand(x.shape[0], width), "direct")
 
 
 def register_direct_and_rs_ag(**kwargs) -> None:
@@ -185,10 +211,14 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
             1
         )  # two ranks on two cores: timings without oversubscription
         register_custom_op_autotuning(
-            broadcast_sum_op, configs=[CustomOpConfig(broadcast_sum_fused_tail)]
+            broadcast_sum_op,
+            configs=[
+                CustomOpConfig(broadcast_sum_direct),
+                CustomOpConfig(broadcast_sum_fused_tail),
+            ],
         )
         DELAY_MS.clear()
-        DELAY_MS["fused_tail"] = FUSED_TAIL_MS
+        DELAY_MS.update({"fused_tail": FUSED_TAIL_MS, "direct": SLOW_MS})
         bias = torch.linspace(-3 * self.world_size, 3 * self.world_size, WIDTH)
 
         def program(x):
@@ -202,12 +232,16 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
         expected = torch.relu(
             x / (self.rank + 1) * sum(r + 1 for r in range(self.world_size)) + bias
         )
-        winners, codes = {}, {}
+        winners, codes, ran_while_compiling = {}, {}, {}
         for defer in (False, True):
             forget_decisions()
             with self._config(defer):
                 compiled = torch.compile(program)
+                RAN.clear()
                 result, codes[defer] = run_and_get_code(compiled, x)
+                ran_while_compiling[defer] = {
+                    name: RAN.count(name) for name in ("direct", "fused_tail")
+                }
                 RAN.clear()
                 compiled(x)
             torch.testing.assert_close(result, expected)
@@ -216,6 +250,29 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
                 self._ran_everywhere(list(RAN)), [[winners[defer]]] * self.world_size
             )
         self.assertEqual(winners, {False: "default", True: "fused_tail"})
+        # Every candidate timed in every run: none failed.
+        per_op = NWARMUP + NRUNS
+        self.assertEqual(
+            ran_while_compiling,
+            {
+                False: {"direct": per_op, "fused_tail": per_op},
+                True: {"direct": per_op, "fused_tail": per_op + 1},
+            },
+        )
+        # V2's benchmark modules: the fusing candidate compiled with the
+        # epilogue; the other one alone, as V1 compiles it; one epilogue
+        # module that it and the default share.
+        names = [
+            name
+            for code in codes[True][:-1]
+            for name in set(re.findall(r"benchmark_(\w+?)_arg\d+_\d+", code))
+        ]
+        fused = [name for name in names if name.endswith("_with_epilogue")]
+        shared = [n for n in names if n.endswith("_epilogue") and n not in fused]
+        alone = [name for name in names if not name.endswith("_epilogue")]
+        self.assertEqual((len(fused), len(shared), len(alone)), (1, 1, 1), names)
+        self.assertIn("fused_tail", fused[0])
+        self.assertIn("direct", alone[0])
         # The program's own module is compiled last, after the candidates'
         # benchmark modules.  V2: after the candidate's all_reduce, one kernel
         # computes the broadcast (the candidate's tail), the add and the relu
@@ -319,8 +376,9 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
                 torch._dynamo.reset()
                 counters.clear()
                 with self._config(defer):
-                    # A fresh function each time: its own graph, no epilogue.
-                    compiled = torch.compile(lambda x: all_reduce_op(x))
+                    # A fresh function each time: its own graph.  Every
+                    # candidate ends in its collective: V2 times them alone.
+                    compiled = torch.compile(lambda x: all_reduce_op(x) * 2)
                     RAN.clear()
                     compiled(x)
                     ran[defer] = (list(RAN), dict(counters["collective_autotuning"]))
@@ -329,7 +387,9 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
                 self.assertEqual(
                     self._ran_everywhere(list(RAN)), [["direct"]] * self.world_size
                 )
-                torch.testing.assert_close(result, expected[: shape[0]], rtol=0, atol=0)
+                torch.testing.assert_close(
+                    result, 2 * expected[: shape[0]], rtol=0, atol=0
+                )
             first_ran, first_counts = ran[first]
             second_ran, second_counts = ran[second]
             self.assertEqual(
@@ -364,6 +424,90 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
         ):
             torch.compile(two_ops if self.rank == 0 else one_op)(torch.ones(24, 8))
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
+
+
+class TailFusionTest(TestCase):
+    """Which candidates are timed with the epilogue, read from their graphs (no ranks)."""
+
+    @staticmethod
+    def choice(fn, *shape: int) -> types.SimpleNamespace:
+        # A candidate's graph as the autotuner traces it; functional
+        # collectives trace on fake tensors without a process group.
+        gm = make_fx(
+            fn, decomposition_table=select_decomp_table(), tracing_mode="fake"
+        )(torch.ones(*shape))
+        return types.SimpleNamespace(gm=gm)
+
+    def tails(self, device: str) -> dict[str, TailFusion]:
+        def all_reduce(x):
+            return _wait(funcol.all_reduce(x, "sum", "0"))
+
+        def gather_sum(x):
+            gathered = _wait(funcol.all_gather_into_tensor(x.reshape(1, -1), 2, "0"))
+            return gathered.sum(0).view_as(x)
+
+        def chunked(x):
+            pieces = [all_reduce(piece) for piece in x.reshape(-1).tensor_split(2)]
+            return torch.cat(pieces).view_as(x)
+
+        choices = {
+            "default": types.SimpleNamespace(),  # the eager op: no graph
+            "wait": self.choice(all_reduce, 8, 4),
+            "view of wait": self.choice(lambda x: all_reduce(x).view(4, 8)[1:], 8, 4),
+            "custom op": self.choice(lambda x: probe(all_reduce(x), "p"), 8, 4),
+            "pointwise": self.choice(lambda x: all_reduce(x) * 2, 8, 4),
+            "pointwise, viewed": self.choice(lambda x: (all_reduce(x) + 1).t(), 8, 4),
+            "reduction": self.choice(gather_sum, 8, 4),
+            "concatenation": self.choice(chunked, 8, 4),
+        }
+        return {
+            name: tail_fusion(choice, torch.device(device))
+            for name, choice in choices.items()
+        }
+
+    def test_tails(self):
+        separate, fuses, maybe = TailFusion.SEPARATE, TailFusion.FUSES, TailFusion.MAYBE
+        common = {
+            "default": separate,
+            "wait": separate,
+            "view of wait": separate,
+            "custom op": separate,
+            "pointwise": fuses,
+            "pointwise, viewed": fuses,
+            "reduction": maybe,
+        }
+        self.assertEqual(self.tails("cpu"), {**common, "concatenation": separate})
+        self.assertEqual(self.tails("cuda"), {**common, "concatenation": maybe})
+
+    def test_timed_with_the_epilogue_only_where_tails_differ(self):
+        epilogue = object()  # stands for Epilogue.find's result
+        choices = {
+            "wait": self.choice(lambda x: _wait(funcol.all_reduce(x, "sum", "0")), 8),
+            "pointwise": self.choice(
+                lambda x: _wait(funcol.all_reduce(x, "sum", "0")) + 1, 8
+            ),
+            "reduction": self.choice(lambda x: x.view(2, 4).sum(0), 8),
+        }
+        default = types.SimpleNamespace()
+        timed_with = functools.partial(
+            epilogue_to_time_with, epilogue=epilogue, device=torch.device("cpu")
+        )
+        cases = {
+            # Alike: the epilogue adds the same to every candidate.
+            ("default", "wait"): None,
+            ("pointwise",): None,
+            ("pointwise", "pointwise"): None,
+            # Different, or unknown: timed with the epilogue.
+            ("default", "pointwise"): epilogue,
+            ("wait", "reduction"): epilogue,
+            ("reduction",): epilogue,
+        }
+        for names, expected in cases.items():
+            candidates = [default if n == "default" else choices[n] for n in names]
+            self.assertIs(timed_with(candidates), expected, names)
+        self.assertIsNone(
+            epilogue_to_time_with([default, choices["pointwise"]], None, None)
+        )
 
 
 if __name__ == "__main__":

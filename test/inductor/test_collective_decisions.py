@@ -23,7 +23,9 @@ What this checks:
   out round is retried when retries are configured, timed runs are
   interleaved in the shared order, the decision log shows
   every rank's status and the reason, and misuse (no process group, two
-  defaults) is a clear error.  A batch of ops (the scheduler path) has one
+  defaults) is a clear error.  Every candidate's preparation starts before
+  any is waited for (their kernel builds overlap), and a candidate whose
+  build fails is disqualified.  A batch of ops (the scheduler path) has one
   join and screens each op's candidates against that op's own default.
 * The control plane's threads are joined when the process group is
   destroyed, and a store whose host goes away during a session is a
@@ -403,8 +405,8 @@ class TestGroupFromGraphs(TestCase):
             cb.collective_group_name([graph_choice("tp0"), graph_choice("tp1")])
 
 
-class TestBenchmarkerOnOneRank(TestCase):
-    """The whole protocol on a one-rank gloo group: decisions without peers."""
+class OneRankGroupTestCase(TestCase):
+    """A one-rank gloo group for each test, and a small benchmark configuration."""
 
     def setUp(self):
         super().setUp()
@@ -417,6 +419,10 @@ class TestBenchmarkerOnOneRank(TestCase):
     def tearDown(self):
         dist.destroy_process_group()
         super().tearDown()
+
+
+class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
+    """The whole protocol on a one-rank gloo group: decisions without peers."""
 
     def candidate(self, name, output, is_default=False, raise_on=(), calls=None):
         calls = calls if calls is not None else {}
@@ -683,6 +689,65 @@ class TestStoreLifetime(TestCase):
             f"lost the connection to the job's store at 127.0.0.1:{self.port}",
         ):
             cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
+
+
+class TestPreparation(OneRankGroupTestCase):
+    """Candidates' compilations overlap: every one starts before any is waited for."""
+
+    def test_every_preparation_starts_before_any_is_finished(self):
+        events = []
+
+        def prepare(name, finish_raises=False):
+            def finish():
+                events.append(("finish", name))
+                if finish_raises:
+                    raise RuntimeError(f"build of {name} failed")
+
+            def start():
+                events.append(("start", name))
+                return finish
+
+            return start
+
+        out = torch.ones(2)
+        candidates = [
+            cb.Candidate("default", lambda: out, is_default=True),
+            cb.Candidate("a", lambda: out, prepare=prepare("a")),
+            cb.Candidate("b", lambda: out, prepare=prepare("b", finish_raises=True)),
+            # A preparation that finishes at once returns no callable.
+            cb.Candidate("c", lambda: out, prepare=lambda: events.append(("c",))),
+        ]
+        decision = cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
+        self.assertEqual(
+            events,
+            [("start", "a"), ("start", "b"), ("c",), ("finish", "a"), ("finish", "b")],
+        )
+        statuses = {result.name: result.status for result in decision.results}
+        self.assertEqual(statuses, {"default": OK, "a": OK, "b": RAISED, "c": OK})
+
+    def test_compile_in_background_leaves_the_kernel_builds_running(self):
+        from concurrent.futures import Future
+
+        from torch._inductor.async_compile import AsyncCompile
+        from torch._inductor.runtime.collective_choices import compile_in_background
+
+        build = Future()  # a kernel's build, handed to the compile workers
+        build.set_result("built kernel")
+        scope = {"kernel": build}
+
+        def compile():
+            # What a compiled module's load does: wait for its kernels.
+            AsyncCompile().wait(scope)
+
+        with torch._inductor.config.patch(compile_threads=2):
+            finish = compile_in_background(compile)()
+            self.assertIs(scope["kernel"], build)  # not waited for yet
+            finish()
+            self.assertEqual(scope["kernel"], "built kernel")
+            # Outside a candidate's preparation, a module's load waits as before.
+            scope["kernel"] = build
+            compile()
+            self.assertEqual(scope["kernel"], "built kernel")
 
 
 class TestMisuse(TestCase):

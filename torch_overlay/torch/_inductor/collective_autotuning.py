@@ -18,12 +18,15 @@ Inductor can do this at two points:
   any scheduler node exists, :func:`finalize_collective_multi_template_buffers`
   collects these nodes, runs one session per process group (one pre-sync,
   which also checks that every rank holds the same ordered list of nodes), and
-  benchmarks the group's nodes as one batch.  Each candidate is timed together
-  with the node's pointwise *epilogue* (``collective_epilogue.py``): the chain
-  of pointwise single users that follows it in the graph, so that a candidate
-  whose tail fuses with it is timed fused.  The winner's graph is then inlined
-  in place of the node (``collective_inlining.py``), and ordinary fusion
-  fuses its tail with the epilogue.
+  benchmarks the group's nodes as one batch.  Where the candidates' tails
+  meet the node's pointwise *epilogue* (``collective_epilogue.py``: the
+  chain of pointwise single users that follows it in the graph) differently,
+  some fusing with it and others not, each candidate is timed together with
+  it, so that a candidate whose tail fuses with it is timed fused; otherwise
+  the epilogue cannot change their order, and they are timed alone, as V1
+  times them.  The winner's graph is then inlined in place of the node
+  (``collective_inlining.py``), and ordinary fusion fuses its tail with the
+  epilogue.
 
 ``torch._inductor.config.defer_collective_autotuning`` (env
 ``TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING``, on by default) selects V2.  V1
@@ -308,7 +311,7 @@ def _tunables(node: ir.CollectiveMultiTemplateBuffer) -> list[_Tunable]:
     dispatch = node.range_dispatch
     if dispatch is None:
         follows = Epilogue.find(node)
-        timed_with = epilogue_to_time_with(node, follows)
+        timed_with = epilogue_to_time_with(node.choices, follows, node.get_device())
         return [_Tunable(node, node.choices, node.input_gen_fns, timed_with, follows)]
     # A range's winner runs inside the dispatch (a torch.cond branch when the
     # ranges' winners differ), where it cannot fuse with what follows the
@@ -397,7 +400,8 @@ def finalize_collective_multi_template_buffers(
 def _tuning_key(tunable: _Tunable) -> str:
     # What the tunable's candidates compute, on which layouts, and what they
     # are timed with: tunables with equal keys measure the same thing.  A
-    # node without an epilogue or range measures what V1 measures (see
+    # node timed alone (no epilogue, or one that cannot change the order)
+    # and without a range measures what V1 measures (see
     # benchmark_collective_choices), so the two share remembered decisions;
     # a range is measured at sizes of its own.
     epilogue = tunable.epilogue
@@ -488,10 +492,9 @@ class _Runners:
             )
         return candidates
 
-    def prepare(self, index: int) -> None:
+    def prepare(self, index: int) -> Any:
         prepare = self.candidates[index].prepare
-        if prepare is not None:
-            prepare()
+        return prepare() if prepare is not None else None
 
     def run(self, index: int) -> Any:
         return self.candidates[index].fn()

@@ -1,17 +1,22 @@
 """The pointwise epilogue a deferred collective choice is timed with.
 
-Under the scheduler path (``collective_autotuning.py``), each candidate of a
-collective custom op is timed together with the op's *epilogue*: the chain
-of pointwise single users that follows the op in the post-grad graph.  A
-candidate whose tail is generated code (a pointwise op) is compiled together
-with the epilogue, so its tail is timed fused with it, as it will run once
-inlined; a candidate whose output comes from an op Inductor generates no
-code for (a collective's wait, the eager default) is followed by the
+Under the scheduler path (``collective_autotuning.py``), the candidates of a
+collective custom op can be timed together with the op's *epilogue*: the
+chain of pointwise single users that follows the op in the post-grad graph.
+A candidate whose tail may fuse with it (generated code: a pointwise op, a
+reduction, ...) is compiled together with the epilogue, so its tail is timed
+fused with it, as it will run once inlined; a candidate whose output comes
+from an op Inductor generates no code for (a collective's wait, the eager
+default) keeps its own compilation, the one V1 times, and is followed by the
 epilogue compiled alone, a kernel of its own, as it will run too.
 
-When no candidate's tail can fuse, the epilogue would add the same kernel to
-every candidate, which cannot change their ranking: the candidates are then
-timed alone, at no epilogue compilation, measuring what V1 measures.
+The epilogue can only change the candidates' order when their tails meet it
+differently: some fuse with it, others do not (:class:`TailFusion`, read
+from each candidate's last op).  When every candidate's tail is alike in
+that respect (none can fuse, or each is pointwise code that the epilogue
+fuses into), the epilogue adds the same work to every candidate: the
+candidates are then timed alone, with no epilogue compilation, measuring
+what V1 measures, under V1's key (so that the two paths share decisions).
 
 Sizes may be symbolic (a dynamic-shape graph): the epilogue's layout is the
 graph's, and candidates compiled with it are benchmarked at the size hints,
@@ -21,11 +26,16 @@ like every deferred candidate.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 from typing import Any, TYPE_CHECKING
 
 import torch
-from torch._inductor import ir
+from torch._inductor import config, ir
+from torch._inductor.runtime.collective_choices import (
+    compile_in_background,
+    is_collective,
+)
 from torch._inductor.runtime.collective_decisions import first_tensor
 from torch._inductor.utils import convert_shape_to_inductor
 from torch._inductor.virtualized import V
@@ -37,7 +47,13 @@ if TYPE_CHECKING:
     from torch._inductor.runtime.collective_benchmarking import Candidate
 
 
-__all__ = ["Epilogue", "epilogue_to_time_with", "time_with_epilogue"]
+__all__ = [
+    "Epilogue",
+    "epilogue_to_time_with",
+    "tail_fusion",
+    "TailFusion",
+    "time_with_epilogue",
+]
 
 
 # Pointwise arithmetic whose generated code does not depend on the value of a
@@ -161,38 +177,89 @@ def _structure(
     return "; ".join(parts)
 
 
-def epilogue_to_time_with(
-    node: ir.CollectiveMultiTemplateBuffer, epilogue: Epilogue | None
-) -> Epilogue | None:
-    """The epilogue ``node``'s candidates are timed with; None: each is timed alone.
+class TailFusion(enum.Enum):
+    """How a candidate's last op meets a pointwise epilogue once the candidate is inlined."""
 
-    ``epilogue`` is ``Epilogue.find(node)``.
+    # Pointwise code that Inductor generates: the epilogue fuses into its kernel.
+    FUSES = "fuses"
+    # A buffer written by an op Inductor generates no code for (a collective
+    # or its wait, an extern or fallback kernel, the eager default), or by
+    # copies into one buffer (a concatenation on CPU): the epilogue runs as a
+    # kernel of its own after it.
+    SEPARATE = "separate"
+    # Anything else (a reduction, a template, a concatenation on GPU): whether
+    # it fuses depends on the backend's scheduling.
+    MAYBE = "maybe"
+
+
+_VIEW_LIKE_OPS = frozenset({torch.ops.aten._unsafe_view.default})
+
+
+def tail_fusion(choice: Any, device: torch.device | None) -> TailFusion:
+    """How ``choice``'s output meets a pointwise epilogue on ``device``.
+
+    Read from the last op of the choice's graph (views are followed back to
+    the op that wrote the data), from its target alone: the same on every
+    rank for graphs of the same structure, and free of any compilation.
     """
-    # A candidate whose output comes from an op Inductor generates no code
-    # for (a collective's wait, an extern kernel, the eager default) ends in
-    # a buffer of its own, and the epilogue then runs as a kernel of its own
-    # after it: the same time added to every such candidate, which cannot
-    # change their ranking.  Only a tail of generated code can fuse with the
-    # epilogue; when no candidate has one, the candidates are timed alone,
-    # which costs no epilogue compilation and measures what V1 measures.
-    if epilogue is None or not any(_tail_may_fuse(choice) for choice in node.choices):
-        return None
-    return epilogue
-
-
-def _tail_may_fuse(choice: Any) -> bool:
     gm = getattr(choice, "gm", None)
     if gm is None:
-        return False
+        return TailFusion.SEPARATE
     (output,) = (n for n in gm.graph.nodes if n.op == "output")
     value = output.args[0]
     value = value[0] if isinstance(value, (list, tuple)) else value
-    return (
+    while (
         isinstance(value, torch.fx.Node)
         and value.op == "call_function"
         and isinstance(value.target, torch._ops.OpOverload)
-        and value.target.namespace == "aten"
-    )
+        and (value.target.is_view or value.target in _VIEW_LIKE_OPS)
+    ):
+        value = value.args[0]
+    if not isinstance(value, torch.fx.Node) or value.op != "call_function":
+        # The candidate returns (a view of) one of its inputs.
+        return TailFusion.SEPARATE
+    target = value.target
+    if is_collective(value):
+        return TailFusion.SEPARATE
+    if not isinstance(target, torch._ops.OpOverload):
+        return TailFusion.MAYBE
+    from torch._inductor.lowering import fallbacks, lowerings
+
+    if target not in lowerings or target in fallbacks:
+        # No generated code: a custom op (the op itself, for a config without
+        # a decomposition), a fallback kernel.
+        return TailFusion.SEPARATE
+    if torch.Tag.pointwise in target.tags:
+        return TailFusion.FUSES
+    if (
+        target is torch.ops.aten.cat.default
+        and device is not None
+        and device.type == "cpu"
+        and not config.force_pointwise_cat
+    ):
+        # Lowered to copies into one buffer on CPU (lowering.cat).
+        return TailFusion.SEPARATE
+    return TailFusion.MAYBE
+
+
+def epilogue_to_time_with(
+    choices: Sequence[Any], epilogue: Epilogue | None, device: torch.device | None
+) -> Epilogue | None:
+    """The epilogue ``choices`` are timed with; None: each is timed alone.
+
+    ``epilogue`` is ``Epilogue.find`` of their node, ``device`` its device.
+    The epilogue is kept only where it can change the ranking: where some
+    choice's tail may fuse with it and another's does not, or where whether
+    they fuse depends on the backend (see :class:`TailFusion`).
+    """
+    if epilogue is None:
+        return None
+    tails = {tail_fusion(choice, device) for choice in choices}
+    # Alike tails: the epilogue adds the same kernel to every choice (none
+    # fuses), or the same work to each one's last kernel (all fuse).
+    if tails in ({TailFusion.SEPARATE}, {TailFusion.FUSES}):
+        return None
+    return epilogue
 
 
 def _lowered_input(arg: torch.fx.Node) -> ir.IRNode | None:
@@ -259,7 +326,12 @@ def time_with_epilogue(
     args: Any,
     epilogue: Epilogue,
 ) -> list[Candidate]:
-    """``candidates`` (one per choice, on the inputs ``args``) each followed by ``epilogue``."""
+    """``candidates`` (one per choice, on the inputs ``args``) each followed by ``epilogue``.
+
+    A choice whose tail may fuse with the epilogue is compiled together with
+    it; any other keeps its own compilation (the one V1 times) and is
+    followed by the epilogue compiled alone, one module for all of them.
+    """
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
     inputs, _ = args.get_benchmark_tensors(True).unpack()
@@ -271,8 +343,9 @@ def time_with_epilogue(
     epilogue_only = None
     timed = []
     fn: Callable[[], Any]
+    device = node.get_device()
     for choice, candidate in zip(choices, candidates, strict=True):
-        if getattr(choice, "gm", None) is not None:
+        if tail_fusion(choice, device) is not TailFusion.SEPARATE:
             # Compiled together: the candidate's tail fuses with the epilogue
             # exactly as it will once the winner is inlined.
             fused = _with_epilogue_caller(choice, node, epilogue)
@@ -280,7 +353,7 @@ def time_with_epilogue(
             def fn(fused: Any = fused) -> Any:
                 return fused.benchmark_collective(*inputs, *extras, out=epilogue_out)
 
-            prepare = fused._ensure_compiled
+            prepare = compile_in_background(fused._ensure_compiled)
         else:
             if epilogue_only is None:
                 epilogue_only = _with_epilogue_caller(None, node, epilogue)
@@ -291,17 +364,25 @@ def time_with_epilogue(
                     first_tensor(run()), *extras, out=epilogue_out
                 )
 
-            prepare = _both(candidate.prepare, alone._ensure_compiled)
+            prepare = _both(
+                candidate.prepare, compile_in_background(alone._ensure_compiled)
+            )
         timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
     return timed
 
 
 def _both(
     first: Callable[[], Any] | None, second: Callable[[], Any]
-) -> Callable[[], None]:
-    def prepare() -> None:
-        if first is not None:
-            first()
-        second()
+) -> Callable[[], Callable[[], None]]:
+    # Both preparations, each started now; the returned callable finishes both.
+    def prepare() -> Callable[[], None]:
+        finishers = [first() if first is not None else None, second()]
+
+        def finish() -> None:
+            for finisher in finishers:
+                if callable(finisher):
+                    finisher()
+
+        return finish
 
     return prepare

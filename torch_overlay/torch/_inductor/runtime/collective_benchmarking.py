@@ -122,7 +122,8 @@ added to ``torch._dynamo.utils.counters["collective_autotuning"]``:
 ``presync_s`` in joins (mostly waiting for the slowest member to finish
 compiling), ``sync_s`` in the exchange, the commit and failure agreements,
 ``warmup_s`` and ``timed_s`` in the candidates' runs, ``prepare_s`` in
-compilation; ``presync`` counts joins, ``exchanges`` exchanges and
+compilation (of which ``build_wait_s`` waiting for kernel builds that the
+lowering of every candidate left running); ``presync`` counts joins, ``exchanges`` exchanges and
 ``sync_collectives`` the collectives the protocol issued itself.
 """
 
@@ -286,7 +287,10 @@ class Candidate:
     does the candidate's local one-time work (compilation): it runs on every
     rank after the join, only when the group benchmarks the op, and before a
     rendezvous, so that its duration, which differs between ranks, is not
-    charged to a bounded collective step.  ``signature``
+    charged to a bounded collective step.  It may leave work running (kernel
+    builds) and return a callable that waits for it: every candidate's
+    ``prepare`` is called before any of these callables, so that the work
+    of all candidates overlaps.  ``signature``
     describes the collectives ``fn`` issues (see ``collective_signature``):
     a candidate whose signature is not the same on every member is
     disqualified at the join, without running.  ``in_flight`` is the most
@@ -500,23 +504,36 @@ class CollectiveBenchmarker:
     def _prepare(
         self, ordered: Sequence[Sequence[Candidate]], to_run: Sequence[int]
     ) -> set[tuple[int, int]]:
-        # Compile the candidates of the ops the group benchmarks; a candidate
-        # whose preparation fails is disqualified in its warmup, on every
-        # member.  Returns the (op, candidate index) that failed.
-        failed = set()
+        # Compile the candidates of the ops the group benchmarks: start every
+        # candidate's compilation, then wait for what each left running
+        # (kernel builds, which overlap each other and the next candidates'
+        # lowering).  A candidate whose preparation fails is disqualified in
+        # its warmup, on every member.  Returns the (op, candidate index)
+        # that failed.
+        failed: set[tuple[int, int]] = set()
+
+        def attempt(
+            position: tuple[int, int], name: str, step: Callable[[], Any]
+        ) -> Any:
+            try:
+                return step()
+            except Exception:
+                log.warning(
+                    "collective autotuning: preparing %s failed", name, exc_info=True
+                )
+                failed.add(position)
+                return None
+
+        running = []
         for i in to_run:
             for index, candidate in enumerate(ordered[i]):
-                if candidate.prepare is None:
-                    continue
-                try:
-                    candidate.prepare()
-                except Exception:
-                    log.warning(
-                        "collective autotuning: preparing %s failed",
-                        candidate.name,
-                        exc_info=True,
-                    )
-                    failed.add((i, index))
+                if candidate.prepare is not None:
+                    finish = attempt((i, index), candidate.name, candidate.prepare)
+                    if callable(finish):
+                        running.append(((i, index), candidate.name, finish))
+        with timed("build_wait_s"):
+            for position, name, finish in running:
+                attempt(position, name, finish)
         return failed
 
     def _decide(

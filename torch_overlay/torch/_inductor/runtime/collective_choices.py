@@ -7,10 +7,17 @@ names them alike on every rank, describes the collectives each one issues
 (so that a choice whose collectives differ between ranks is disqualified at
 the join instead of desynchronizing the others), and builds the runner of
 each choice on fixed benchmark inputs.
+
+A choice compiles on its first use; as a candidate, it compiles in its
+``prepare`` (:func:`compile_in_background`), which leaves the builds of its
+kernels running (Inductor's compile workers), so that the benchmarker starts
+every candidate's builds, and lowers the next candidates meanwhile, before it
+waits for any of them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import operator
@@ -27,7 +34,7 @@ from .collective_decisions import (
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from .collective_benchmarking import Candidate, CollectiveBenchmarkConfig
 
@@ -41,6 +48,8 @@ __all__ = [
     "collective_group_name",
     "collective_signature",
     "collectives_in_flight",
+    "compile_in_background",
+    "is_collective",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,16 +63,19 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def is_collective(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls a collective or waits for one (c10d, functional or not)."""
+    return (
+        node.op == "call_function"
+        and getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES
+    )
+
+
 def _collective_nodes(choice: Any) -> list[torch.fx.Node]:
     gm = getattr(choice, "gm", None)
     if gm is None:
         return []
-    return [
-        node
-        for node in gm.graph.nodes
-        if node.op == "call_function"
-        and getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES
-    ]
+    return [node for node in gm.graph.nodes if is_collective(node)]
 
 
 def _group_of(node: torch.fx.Node) -> str | None:
@@ -218,12 +230,56 @@ def collective_candidates(
                 _choice_runner(choice, inputs, output),
                 is_default=is_default,
                 # Subgraph choices compile lazily on their first run.
-                prepare=getattr(choice, "_ensure_compiled", None),
+                prepare=compile_in_background(choice._ensure_compiled)
+                if hasattr(choice, "_ensure_compiled")
+                else None,
                 signature=collective_signature(choice),
                 in_flight=collectives_in_flight(choice),
             )
         )
     return candidates, f"{shapes}"
+
+
+@contextlib.contextmanager
+def _kernel_waits_deferred() -> Iterator[list[tuple[Any, dict[str, Any]]]]:
+    # Modules loaded on this thread meanwhile return with their kernels
+    # still building; yields the (AsyncCompile, module scope) pairs to wait on.
+    from torch._inductor import async_compile
+
+    state = async_compile._deferred_waits
+    outer = getattr(state, "scopes", None)
+    scopes: list[tuple[Any, dict[str, Any]]] = []
+    state.scopes = scopes
+    try:
+        yield scopes
+    finally:
+        state.scopes = outer
+
+
+def compile_in_background(
+    compile: Callable[[], object],
+) -> Callable[[], Callable[[], None]]:
+    """A candidate's ``prepare``: ``compile``, leaving its kernel builds running.
+
+    The returned ``prepare`` lowers and generates code as ``compile`` does,
+    on this thread, and returns a callable that waits for the kernels it
+    started building (and raises a build's error), without which the
+    compiled module must not run.  Kernels are built by Inductor's compile
+    workers (``compile_threads``); with one thread, ``compile`` builds them
+    itself and the callable has nothing to wait for.
+    """
+
+    def prepare() -> Callable[[], None]:
+        with _kernel_waits_deferred() as scopes:
+            compile()
+
+        def finish() -> None:
+            for async_compile, scope in scopes:
+                async_compile.wait(scope)
+
+        return finish
+
+    return prepare
 
 
 def benchmark_collective_choices(
