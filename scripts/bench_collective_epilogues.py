@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_collective_decisions import launch_ranks
+from collective_jobs import launch_ranks
 from bench_collective_regret import (
     median_ci,
     MIN_ROUNDS,

@@ -83,7 +83,7 @@ from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_collective_decisions import rank_env
+from collective_jobs import rank_env
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_collective_decisions import rank_env
+from collective_jobs import rank_env
 
 
 def rank_main(args) -> None:

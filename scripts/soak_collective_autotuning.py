@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_collective_decisions import rank_env
+from collective_jobs import rank_env
 
 
 if TYPE_CHECKING:
