@@ -341,7 +341,8 @@ def launch(nproc: int, *worker_args: str) -> list[dict]:
 def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
     print(
         "\nCompile wall time: first call of a program of n collective ops, each followed by relu(y * 0.5 + (i + 1)); "
-        f"slowest rank, fresh processes, caches off; median of {repeats} launches per path, interleaved; seconds\n"
+        f"slowest rank, fresh processes, caches off; median of {repeats} launches per path, interleaved, "
+        "and their range [min, max]; seconds\n"
     )
     print(
         "| ranks | ops | no autotuning | V1 | V2 | overhead V1 | overhead V2 | ops benchmarked V1 / V2 |"
@@ -360,12 +361,16 @@ def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
                     rows[path] = launch(nproc, "compile", path, str(nops), "0")
                     walls[path].append(max(r["first_call_s"] for r in rows[path]))
             wall = {path: statistics.median(values) for path, values in walls.items()}
+            spread = {
+                path: f"{wall[path]:.1f} [{min(values):.1f}, {max(values):.1f}]"
+                for path, values in walls.items()
+            }
             overhead = {path: wall[path] - wall["none"] for path in ("V1", "V2")}
             benchmarked = "/".join(
                 str(rows[path][0]["benchmarked"]) for path in ("V1", "V2")
             )
             print(
-                f"| {nproc} | {label} | {wall['none']:.1f} | {wall['V1']:.1f} | {wall['V2']:.1f} "
+                f"| {nproc} | {label} | {spread['none']} | {spread['V1']} | {spread['V2']} "
                 f"| {overhead['V1']:+.1f} s ({overhead['V1'] / wall['none']:.0%}) "
                 f"| {overhead['V2']:+.1f} s ({overhead['V2'] / wall['none']:.0%}) | {benchmarked} |",
                 flush=True,
