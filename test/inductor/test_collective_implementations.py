@@ -15,9 +15,10 @@ What this checks, at 2, 3 and 4 gloo ranks:
     at most half a unit in the last place of its partial sum.
 
 * At 2 ranks, one compiled program with an op of each kind registered through
-  ``register_collective_implementations``: every rank's program issues the
-  same collectives in the same order (the same winner of each op everywhere)
-  and the results are exact; and the chunked implementations' graphs keep
+  ``register_collective_implementations`` and its eager defaults made slow:
+  every rank's program issues the same collectives in the same order (the
+  same winner of each op everywhere), none of them a default, and the
+  results are exact; and the chunked implementations' graphs keep
   one collective in flight on a gloo group.
 
 And, without ranks: registering an unknown collective or implementation is
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 import types
 
 import torch
@@ -74,11 +76,18 @@ def _expected(kind: str, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
     return torch.cat([peer.chunk(world)[rank] for peer in inputs])
 
 
+# Seconds the ops' eager defaults sleep: a test sets it to make every default
+# lose to the library's implementations (otherwise the default, as fast as
+# "direct", may win and the compiled program runs none of the library's).
+DEFAULT_DELAY_S = {"seconds": 0.0}
+
+
 def _make_op(kind: str):
     # One custom op per kind, whose eager default is the library's direct implementation.
     direct = IMPLEMENTATIONS[kind]["direct"][0]
 
     def collective(x: torch.Tensor, group_name: str) -> torch.Tensor:
+        time.sleep(DEFAULT_DELAY_S["seconds"])
         return direct(x, group_name).clone()
 
     def fake(x: torch.Tensor, group_name: str) -> torch.Tensor:
@@ -158,18 +167,29 @@ class CompiledImplementationsTest(RankProcessesTestCase):
         def program(*xs):
             return [OPS[kind](x, group_name) for kind, x in zip(kinds, xs, strict=True)]
 
-        with tuning_config(True):
-            results, (*_, code) = run_and_get_code(
-                torch.compile(program), *[inputs[k][self.rank] for k in kinds]
-            )
+        DEFAULT_DELAY_S["seconds"] = 0.05
+        try:
+            with tuning_config(True):
+                results, (*_, code) = run_and_get_code(
+                    torch.compile(program), *[inputs[k][self.rank] for k in kinds]
+                )
+        finally:
+            DEFAULT_DELAY_S["seconds"] = 0.0
         for kind, result in zip(kinds, results, strict=True):
             self.assertTrue(
                 torch.equal(result, _expected(kind, inputs[kind], self.rank)), kind
             )
         # Every rank's program issues the same collectives in the same order:
-        # the same implementation of every op won everywhere.
+        # the same implementation of every op won everywhere, and it is one
+        # of the library's (no op's default is called).
         call = code[code.index("def call") :]
-        issued = re.findall(r"_c10d_functional\.(\w+)\.default", call)
+        issued = re.findall(
+            r"torch\.ops\.(_c10d_functional|collective_implementations_test)\.(\w+)\.default",
+            call,
+        )
+        self.assertEqual(
+            [op for namespace, op in issued if namespace != "_c10d_functional"], []
+        )
         self.assertTrue(issued)
         everywhere: list = [None] * world
         dist.all_gather_object(everywhere, issued)
