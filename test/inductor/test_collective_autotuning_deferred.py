@@ -152,8 +152,10 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
     WORLD_SIZE = 2
     TIMEOUT_S = 10.0
 
-    def _config(self, defer: bool):
-        return tuning_config(defer, collective_benchmark_timeout=self.TIMEOUT_S)
+    def _config(self, defer: bool, **patches):
+        return tuning_config(
+            defer, collective_benchmark_timeout=self.TIMEOUT_S, **patches
+        )
 
     def _ran_everywhere(self, ran_here: list[str]) -> list[list[str]]:
         gathered: list = [None] * self.world_size
@@ -232,10 +234,15 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
         expected = torch.relu(
             x / (self.rank + 1) * sum(r + 1 for r in range(self.world_size)) + bias
         )
+        # The fused candidate's edge over the default under V2 is the memory
+        # passes it saves less its delay: some milliseconds, not tens.  The
+        # sign test forgives no lost paired run out of NRUNS, and 2 out of
+        # 2 * NRUNS + 1: a noisy run must not keep the default.
+        nruns = 2 * NRUNS + 1
         winners, codes, ran_while_compiling = {}, {}, {}
         for defer in (False, True):
             forget_decisions()
-            with self._config(defer):
+            with self._config(defer, collective_benchmark_nruns=nruns):
                 compiled = torch.compile(program)
                 RAN.clear()
                 result, codes[defer] = run_and_get_code(compiled, x)
@@ -251,7 +258,7 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
             )
         self.assertEqual(winners, {False: "default", True: "fused_tail"})
         # Every candidate timed in every run: none failed.
-        per_op = NWARMUP + NRUNS
+        per_op = NWARMUP + nruns
         self.assertEqual(
             ran_while_compiling,
             {

@@ -99,7 +99,10 @@ class ControlPlaneTests:
         interval = collective_control.beat_interval(timedelta(seconds=TIMEOUT_S))
         with tuning_config(True, collective_benchmark_timeout=TIMEOUT_S):
             compiled, x = self._compile_and_check(2.0)
-            time.sleep(2 * interval)  # the liveness thread writes "idle" once
+            # A rank that a peer woke in the session (it joined late) beats
+            # for two timeouts after the wake; then its liveness thread
+            # writes "idle" once.
+            time.sleep(2 * TIMEOUT_S + 2 * interval)
             before = collective_control.store_requests.total()
             for _ in range(20):
                 compiled(x)
