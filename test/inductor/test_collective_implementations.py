@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import re
-import time
 import types
 
 import torch
@@ -45,7 +44,13 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from rank_processes import RankProcessesTestCase
-from test_collective_autotuning import tuning_config
+from test_collective_autotuning import (
+    DELAY_MS,
+    SLOW_MS,
+    clear_probes,
+    probe,
+    tuning_config,
+)
 
 
 def _inputs(
@@ -76,19 +81,13 @@ def _expected(kind: str, inputs: list[torch.Tensor], rank: int) -> torch.Tensor:
     return torch.cat([peer.chunk(world)[rank] for peer in inputs])
 
 
-# Seconds the ops' eager defaults sleep: a test sets it to make every default
-# lose to the library's implementations (otherwise the default, as fast as
-# "direct", may win and the compiled program runs none of the library's).
-DEFAULT_DELAY_S = {"seconds": 0.0}
-
-
 def _make_op(kind: str):
     # One custom op per kind, whose eager default is the library's direct implementation.
     direct = IMPLEMENTATIONS[kind]["direct"][0]
 
     def collective(x: torch.Tensor, group_name: str) -> torch.Tensor:
-        time.sleep(DEFAULT_DELAY_S["seconds"])
-        return direct(x, group_name).clone()
+        # Through the probe: a test can delay the default (DELAY_MS["default"]).
+        return direct(probe(x, "default"), group_name).clone()
 
     def fake(x: torch.Tensor, group_name: str) -> torch.Tensor:
         world = _resolve_process_group(group_name).size()
@@ -167,14 +166,16 @@ class CompiledImplementationsTest(RankProcessesTestCase):
         def program(*xs):
             return [OPS[kind](x, group_name) for kind, x in zip(kinds, xs, strict=True)]
 
-        DEFAULT_DELAY_S["seconds"] = 0.05
+        # The default is as fast as "direct": made slow, it cannot win an op
+        # and leave the program without any of the library's implementations.
+        DELAY_MS["default"] = SLOW_MS
         try:
             with tuning_config(True):
                 results, (*_, code) = run_and_get_code(
                     torch.compile(program), *[inputs[k][self.rank] for k in kinds]
                 )
         finally:
-            DEFAULT_DELAY_S["seconds"] = 0.0
+            clear_probes()
         for kind, result in zip(kinds, results, strict=True):
             self.assertTrue(
                 torch.equal(result, _expected(kind, inputs[kind], self.rank)), kind
