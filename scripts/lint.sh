@@ -2,7 +2,9 @@
 # Lint the repository as upstream PyTorch lints torch/: ruff format --check,
 # ruff check, flake8 (with upstream's plugins) and mypy, at the versions pinned
 # in scripts/lint-requirements.txt, configured by ruff.toml, .flake8 and
-# mypy.ini (each says where it deviates from upstream and why).
+# mypy.ini (each says where it deviates from upstream and why); then the
+# import graph of the overlay modules: no cycles, no imports inside functions,
+# beyond those scripts/import-baseline.txt lists (scripts/check_imports.py).
 #
 #   ./scripts/lint.sh          check; exit 1 when any tool finds anything
 #   ./scripts/lint.sh --fix    first apply ruff format and ruff's safe fixes
@@ -75,6 +77,10 @@ run "flake8" env PYTHONWARNINGS="ignore:pkg_resources is deprecated:UserWarning"
   "$venv/bin/flake8" "${paths[@]}"
 # Files, torch and cache directory come from mypy.ini.
 run "mypy" "$venv/bin/mypy"
+# ast only: no torch needed.  Fails on a cycle or a function-local import of an
+# overlay module that scripts/import-baseline.txt does not list, and on a line
+# of it that no longer occurs (issue 32).
+run "import graph" "$venv/bin/python" scripts/check_imports.py
 
 if [ ${#failed[@]} -gt 0 ]; then
   log "FAILED: $(printf '%s; ' "${failed[@]}")($((SECONDS - start)) s)"

@@ -9,6 +9,9 @@ Commands (run ``--help`` on each for options):
   queue         materialize the patch queue (git, one commit per patch)
   export        write the queue's commits back to patches/ (and its base to series
                 and requirements.txt)
+  sizes         each patch's changed lines as the queue has them; fails on a
+                patch over 800 lines that scripts/patch-size-exempt.txt does
+                not exempt
   rebase        replay the queue onto another torch release (three-way merges;
                 --continue / --abort after a conflict)
   build         build the patched wheel from the official wheel (--upto: a prefix)
@@ -37,6 +40,7 @@ from . import (
     queue,
     rebase,
     series,
+    sizes,
     source,
     unified_diff,
     wheel,
@@ -149,6 +153,29 @@ def cmd_check(args, layout: Layout) -> int:
         f"patchstack check: OK ({len(patches)} patches apply exactly to pristine torch {base}, "
         "every prefix with its overlay modules; patches/ and torch_overlay/ match their export)"
     )
+    return 0
+
+
+def cmd_sizes(args, layout: Layout) -> int:
+    exempt_path = Path(args.exempt) if args.exempt else layout.root / sizes.EXEMPT_FILE
+    shown = (
+        exempt_path.relative_to(layout.root).as_posix()
+        if exempt_path.is_relative_to(layout.root)
+        else str(exempt_path)
+    )
+    table, problems = sizes.report(
+        sizes.measure(series.read_series(layout.patches), layout.overlay),
+        sizes.read_exempt(exempt_path),
+        shown,
+        args.limit,
+    )
+    print("\n".join(table))
+    if problems:
+        print(
+            "patchstack sizes: FAILED\n" + "\n".join(problems),
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -386,6 +413,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     check.add_argument("--wheel", help=wheel_help)
     check.set_defaults(run=cmd_check)
+
+    sizes_cmd = commands.add_parser(
+        "sizes",
+        help="each patch's changed lines (introduced modules, diff +/-); "
+        f"fails on a patch over {sizes.LIMIT} lines not exempted",
+        description=sizes.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sizes_cmd.add_argument("--limit", type=int, default=sizes.LIMIT)
+    sizes_cmd.add_argument(
+        "--exempt",
+        help=f"the patches exempt from the limit (default: {sizes.EXEMPT_FILE})",
+    )
+    sizes_cmd.set_defaults(run=cmd_sizes)
 
     queue_cmd = commands.add_parser("queue", help="materialize the patch queue")
     queue_cmd.add_argument("--dir", default=str(REPO_ROOT / "build/queue"))

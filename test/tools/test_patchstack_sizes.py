@@ -1,0 +1,128 @@
+"""``patchstack sizes``: each patch's changed lines, and the limit of 800.
+
+On the small synthetic series of ``test_patchstack.py`` (the ``stack``
+fixture) plus a second patch that changes the first one's overlay module and
+removes an upstream line: a patch counts its introduced modules as of that
+patch, not as ``torch_overlay/`` has them after the last one, plus its
+diff's added and removed lines, which is what ``git`` counts in the queue's
+commit of the patch.  Then the limit: a patch over it fails unless the
+exemption file names it, and an exemption for a patch within the limit, or
+for no patch, fails too.  The last test runs ``sizes`` on this repository,
+as ``.ci/run`` does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from torch_patch_stack import cli, queue
+
+REPO = Path(__file__).resolve().parents[2]
+LATER_HEADER = """[inductor] Extend the new module, drop line 30
+
+Description: Add a second value and remove a line upstream
+Forwarded: no
+Last-Update: 2026-11-25
+"""
+HEAD = (
+    "patch  subject                                               modules      +"
+    "      -   total"
+)
+
+
+@pytest.fixture
+def two_patches(stack, tmp_path):
+    """The ``stack`` fixture plus a second patch; its queue directory."""
+    repo, wheel, run = stack
+    queue_dir = tmp_path / "queue"
+    (queue_dir / "torch" / "_new_module.py").write_text("VALUE = 1\nOTHER = 2\n")
+    foo = queue_dir / "torch" / "foo.py"
+    foo.write_text(foo.read_text().replace("line 30\n", ""))
+    queue.git(queue_dir, "commit", "-qam", LATER_HEADER)
+    assert run("export", "--dir", str(queue_dir)) == 0
+    return repo, run, queue_dir
+
+
+def test_sizes_count_what_the_queue_commits(two_patches, capsys):
+    repo, run, queue_dir = two_patches
+    assert run("sizes") == 0
+    assert capsys.readouterr().out.splitlines() == [
+        HEAD,
+        "0001   [inductor] Change line twenty                               1      1      1       3",
+        "0002   [inductor] Extend the new module, drop line 30              0      1      1       2",
+        "all                                                                1      2      2       5",
+        "patchstack sizes: 2 patches, 0 over 800 lines",
+    ]
+    # The same count as git's, commit by commit, in the queue.
+    commits = queue.git(queue_dir, "rev-list", "--reverse", "pristine..HEAD").split()
+    changed = [
+        sum(
+            int(added) + int(removed)
+            for added, removed, _ in (
+                line.split("\t")
+                for line in queue.git(
+                    queue_dir, "diff", "--numstat", f"{commit}~1", commit
+                ).splitlines()
+            )
+        )
+        for commit in commits
+    ]
+    assert changed == [3, 2]
+
+
+def test_a_patch_over_the_limit_fails_unless_exempt(two_patches, capsys):
+    repo, run, _ = two_patches
+    assert run("sizes", "--limit", "2") == 1
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1:] == [
+        "0001   [inductor] Change line twenty                               1      1      1       3  > 2 FAILED",
+        "0002   [inductor] Extend the new module, drop line 30              0      1      1       2",
+        "all                                                                1      2      2       5",
+        "patchstack sizes: 2 patches, 1 over 2 lines",
+    ]
+    assert err.splitlines() == [
+        "patchstack sizes: FAILED",
+        "0001-change-line-twenty.patch changes 3 lines, over the limit of 2: "
+        "cut it into patches of at most that",
+    ]
+    exempt = repo / "scripts" / "patch-size-exempt.txt"
+    exempt.parent.mkdir()
+    exempt.write_text("# over the limit today\n0001-change-line-twenty.patch  # 3\n")
+    assert run("sizes", "--limit", "2") == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1] == (
+        "0001   [inductor] Change line twenty                               1      1"
+        "      1       3  > 2 (exempt)"
+    )
+    assert out.splitlines()[-1] == (
+        "patchstack sizes: 2 patches, 1 over 2 lines "
+        "(0001 exempt in scripts/patch-size-exempt.txt)"
+    )
+    assert err == ""
+
+
+def test_an_exemption_within_the_limit_or_of_no_patch_fails(
+    two_patches, tmp_path, capsys
+):
+    repo, run, _ = two_patches
+    exempt = tmp_path / "exempt.txt"
+    exempt.write_text(
+        "0001-change-line-twenty.patch\n"
+        "0002-extend-the-new-module-drop-line-30.patch\n"
+        "0003-gone.patch\n"
+    )
+    assert run("sizes", "--limit", "2", "--exempt", str(exempt)) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "patchstack sizes: FAILED",
+        f"{exempt} exempts 0002-extend-the-new-module-drop-line-30.patch, which "
+        "changes 2 lines, within the limit of 2: delete the line",
+        f"{exempt} names 0003-gone.patch, which is no patch of the series: "
+        "delete the line",
+    ]
+
+
+def test_real_series_sizes_pass_with_their_exemptions(capsys):
+    assert cli.main(["--repo", str(REPO), "sizes"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == HEAD
