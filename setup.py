@@ -13,6 +13,9 @@ setup(
     description="Rank-consistent collective-op autotuning for PyTorch Inductor, as a patch stack",
     packages=find_packages(include=["torch_patch_stack", "torch_patch_stack.*"]),
     python_requires="==3.11.*",
-    extras_require={"test": ["pytest", "expecttest", "hypothesis", "numpy"]},
+    extras_require={
+        # redis: the client of Inductor's remote caches, for the shared-cache tests.
+        "test": ["pytest", "expecttest", "hypothesis", "numpy", "redis"]
+    },
     entry_points={"console_scripts": ["patchstack = torch_patch_stack.cli:main"]},
 )

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up .venv/ (Python 3.11) with the patched torch wheel (the release that
 # patches/series names, built from the official wheel), this project, pytest,
-# expecttest and hypothesis.  Idempotent: when patches/ and torch_overlay/ are
+# expecttest, hypothesis and the redis client, and Debian's redis-server
+# where it can (below).  Idempotent: when patches/ and torch_overlay/ are
 # what the installed torch was built from, it only checks.  The first set-up
 # of a release downloads its wheel and torch's dependencies (for 2.15.0 the
 # CUDA build and its CUDA packages, about 5 GB, which import and run on a
@@ -73,3 +74,22 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$deps_digest" ]; then
 fi
 "$venv/bin/python" scripts/patchstack.py status >/dev/null || {
   log "the installed torch does not carry the current patch stack"; exit 1; }
+
+# The shared-cache tests run jobs against a real Redis server (Debian's
+# redis-server, on a loopback port of their own), as Inductor's remote caches
+# use it.  Installed where this script may (root, apt); elsewhere those tests
+# skip and name what is missing.
+if ! command -v redis-server >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    log "installing redis-server (Debian's package) for the shared-cache tests"
+    apt_log=$(mktemp)
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends redis-server; } >"$apt_log" 2>&1; then
+      log "could not install redis-server (the shared-cache tests will skip):"
+      tail -n 5 "$apt_log" >&2
+    fi
+    rm -f "$apt_log"
+  else
+    log "redis-server is not installed and this is not root with apt: the shared-cache tests will skip"
+  fi
+fi

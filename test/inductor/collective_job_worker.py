@@ -7,8 +7,8 @@ directly with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set, as
 compiles an autotuned all_reduce with Inductor's caches at their defaults
 (``TORCHINDUCTOR_CACHE_DIR`` is the job's), and writes ``<out>/rank<r>.json``:
 the implementation that ran after compiling, whether the result was exact,
-the first call's seconds, whether the program came from the FX graph cache,
-the FX graph cache's hits and misses, and the collective autotuning counters.
+the first call's seconds, the FX graph and AOTAutograd caches' hits and
+misses (local and remote alike), and the collective autotuning counters.
 Every implementation but ``rs_ag`` is slowed down, so ``rs_ag`` wins whenever
 the op is benchmarked.  ``--rank-dependent`` adds ``own_shard`` and makes it
 the winner: it traces this rank's index and the world size into the program
@@ -115,6 +115,10 @@ def run(args: argparse.Namespace) -> None:
         report["exact"] = bool(torch.equal(result, expected + 1))
         report["fxgraph"] = {
             outcome: counters["inductor"][f"fxgraph_cache_{outcome}"]
+            for outcome in ("hit", "miss")
+        }
+        report["aotautograd"] = {
+            outcome: counters["aot_autograd"][f"autograd_cache_{outcome}"]
             for outcome in ("hit", "miss")
         }
         report["counters"] = dict(counters["collective_autotuning"])

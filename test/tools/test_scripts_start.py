@@ -19,7 +19,7 @@ SCRIPTS = sorted(
     path
     for path in (Path(__file__).resolve().parents[2] / "scripts").glob("*.py")
     # Modules of helpers, not programs.
-    if path.name not in {"collective_jobs.py"}
+    if path.name not in {"collective_jobs.py", "redis_server.py"}
 )
 
 

@@ -38,6 +38,16 @@ without meeting the group a second time.  Graphs whose compile tuned no
 collective choice record no session and replay nothing: they pay no
 exchange.
 
+A rank on its way to a replay is waited for like any straggler: its
+heartbeat (``collective_liveness.py``) starts when the cache key of a graph
+that calls an op registered for autotuning is computed (``codecache``), so
+the ranks that compile see it alive while it looks the program up, fetches
+it from a remote cache and reloads its kernels.  Caches that a cluster
+shares make that skew the normal case: a remote lookup that fails is a
+miss on that rank alone, and another job may write an entry between two
+ranks' lookups.  A stored decision that cannot be read (torn by a crash, or
+by a writer on shared storage) is a miss, never an error.
+
 A cached program serves the process groups it was compiled for and, when
 its code depends on the rank, that rank only (:func:`serves_this_process`,
 which the FX graph cache applies to every entry under a key before using
@@ -61,6 +71,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TYPE_CHECKING
@@ -159,7 +170,10 @@ def recall(
         path = _decision_file(key)
         if path is not None and path.is_file():
             try:
-                _remembered[key] = decision_from_json(path.read_text())
+                stored = decision_from_json(path.read_text())
+                if len(stored.results) != len(op.candidates):
+                    raise ValueError("not a decision among this op's candidates")
+                _remembered[key] = stored
             except (OSError, ValueError, KeyError, TypeError):
                 log.warning(
                     "collective autotuning: ignoring an unreadable stored decision %s",
@@ -180,9 +194,12 @@ def remember(
     path = _decision_file(key)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        # Whole files only: the ranks of a node, and of every node whose
+        # cache directory is on shared storage, write the same file.  Not
+        # codecache.write_atomic: its temporary name (process and thread id)
+        # is unique on one host only, and two hosts can share it.
+        partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         partial.write_text(decision_to_json(decision))
-        # Ranks of one node write the same file: whole files only.
         os.replace(partial, path)
 
 
