@@ -23,14 +23,12 @@ longest wait at a join.  ``python scripts/bench_collective_shared_caches.py
 from __future__ import annotations
 
 import argparse
-import contextlib
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import Job, launch
+from collective_jobs import busy_machine, Job, launch
 from redis_server import missing, RedisServer
 
 
@@ -40,25 +38,6 @@ WORKER = str(
     / "inductor"
     / "collective_job_worker.py"
 )
-ON = {
-    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
-    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
-}
-OFF = dict.fromkeys(ON, "0")
-
-
-@contextlib.contextmanager
-def spinning(processes: int):
-    spinners = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(processes)
-    ]
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
 def run_job(
@@ -73,12 +52,11 @@ def run_job(
         {
             "NODE_TAG": node,
             "TORCHINDUCTOR_CACHE_DIR": str(root / f"cache-{node}"),
-            **(ON if on else OFF),
-            **server.env(),
+            **server.env(remote=on),
         }
         for node, on in zip("AB", remote, strict=True)
     ]
-    with spinning(busy):
+    with busy_machine(busy):
         return launch(
             "torchrun_nodes", world_size, [WORKER], root / "out", node_envs=node_envs,
             timeout=900,

@@ -17,11 +17,13 @@ Launchers (``LAUNCHERS``), each on this machine, gloo:
 A program takes ``--out DIR``, where each rank writes ``rank<r>.json``, and,
 for ``mp_spawn``, ``--spawn N``.  Used by the launch tests
 (``test/inductor/test_collective_launchers.py``, ``test_collective_multinode.py``)
-and the benchmark scripts (``launch_ranks``).
+and the benchmark scripts (``launch_ranks``); ``busy_machine`` runs a job
+beside processes that spin on the CPUs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -33,6 +35,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 
 LAUNCHERS = ("torchrun", "torchrun_nodes", "mp_spawn", "srun")
@@ -250,3 +257,18 @@ def launch_ranks(
             f"{args}: {nproc - len(job.reports)} ranks failed: " + " | ".join(tail[-5:])
         )
     return job.reports
+
+
+@contextlib.contextmanager
+def busy_machine(processes: int) -> Iterator[None]:
+    """``processes`` Python processes spinning on the CPUs for the duration (a loaded host)."""
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(processes)
+    ]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()

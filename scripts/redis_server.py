@@ -34,6 +34,12 @@ import time
 from typing import Self
 
 
+# Inductor's remote caches: compiled programs, and AOTAutograd's entries.
+_REMOTE_CACHES = (
+    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE",
+    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE",
+)
+
 # How redis-py sends a GET: an array of two bulk strings, the command first.
 _GET = b"*2\r\n$3\r\nGET\r\n"
 _CHUNK = 1 << 16
@@ -94,9 +100,15 @@ class RedisServer:
 
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10)
 
-    def env(self, port: int | None = None) -> dict[str, str]:
-        """The variables that point Inductor's Redis backend here (or at ``port``, a proxy)."""
+    def env(self, remote: bool = True, port: int | None = None) -> dict[str, str]:
+        """The variables of a node that uses Inductor's remote caches on this server (or not).
+
+        ``remote``: both remote caches on (``"1"``) or off (``"0"``: a node
+        without the variable, or whose lookups fail); ``port``: a proxy's,
+        in front of this server.
+        """
         return {
+            **dict.fromkeys(_REMOTE_CACHES, "1" if remote else "0"),
             "TORCHINDUCTOR_REDIS_HOST": "127.0.0.1",
             "TORCHINDUCTOR_REDIS_PORT": str(port or self.port),
         }

@@ -43,14 +43,11 @@ on a new node is stood for by the held answer.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import subprocess
 import sys
 import tempfile
 import unittest
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from torch.testing._internal.common_utils import run_tests, TestCase
 
@@ -58,12 +55,8 @@ from collective_job_worker import TIMEOUT_S
 from rank_processes import DECISION_CACHES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from collective_jobs import Job, launch
+from collective_jobs import busy_machine, Job, launch
 from redis_server import FaultyProxy, missing, RedisServer
-
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 
 WORKER = str(Path(__file__).resolve().parent / "collective_job_worker.py")
@@ -75,27 +68,7 @@ LAUNCH_TIMEOUT_S = 300.0
 HELD_S = 3 * TIMEOUT_S
 # Processes that spin beside the ranks in the skewed jobs (2 CPUs in CI).
 BUSY_PROCESSES = 2
-REMOTE_CACHES = {
-    "TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE": "1",
-    "TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE": "1",
-}
-NO_REMOTE_CACHES = dict.fromkeys(REMOTE_CACHES, "0")
 NODES = ("A", "B")
-
-
-@contextlib.contextmanager
-def busy_machine(processes: int) -> Iterator[None]:
-    """``processes`` Python processes spinning on the CPUs for the duration."""
-    spinners = [
-        subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        for _ in range(processes)
-    ]
-    try:
-        yield
-    finally:
-        for spinner in spinners:
-            spinner.kill()
-            spinner.wait()
 
 
 class _JobsTestCase(TestCase):
@@ -203,11 +176,13 @@ class RemoteCacheJobsTest(_JobsTestCase):
         cls.server.stop()
         super().tearDownClass()
 
-    def node_env(self, remote: bool, port: int | None = None) -> dict[str, str]:
+    def node_env(
+        self, remote: bool, port: int | None = None, server: RedisServer | None = None
+    ) -> dict[str, str]:
+        """A new node's: a fresh cache directory, on this class's server (or ``server``) or not."""
         return {
             "TORCHINDUCTOR_CACHE_DIR": str(self.fresh_cache()),
-            **(REMOTE_CACHES if remote else NO_REMOTE_CACHES),
-            **self.server.env(port),
+            **(server or self.server).env(remote, port),
         }
 
     def tuned_on_the_server(self, world_size: int) -> None:
@@ -298,11 +273,7 @@ class RemoteCacheJobsTest(_JobsTestCase):
         copy = self._copy_of_the_server(garbage=True)
         try:
             job = self.launch_nodes(
-                2,
-                [
-                    {**self.node_env(True), **copy.env()},
-                    {**self.node_env(True), **copy.env()},
-                ],
+                2, [self.node_env(True, server=copy) for _ in NODES]
             )
             for report in job.reports:
                 self.assert_benchmarked(report)
@@ -323,7 +294,7 @@ class SharedCacheDirectoryTest(_JobsTestCase):
             for path in (shared / part).rglob("*")
             if path.is_file() and not path.name.startswith(".")
         ]
-        # Every rank wrote each entry: one file each, no temporary left.
+        # Both nodes wrote programs and decisions there; no temporary file is left.
         self.assertEqual(
             {path.relative_to(shared).parts[0] for path in stored},
             set(DECISION_CACHES),
