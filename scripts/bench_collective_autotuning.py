@@ -5,7 +5,7 @@ V1 tunes each collective custom op while it is lowered (one session per op);
 V2 (``torch._inductor.config.defer_collective_autotuning``, the default) tunes
 all of a graph's collective ops in the scheduler, one session per process
 group, each candidate timed with its pointwise epilogue.  See
-``torch/_inductor/collective_autotuning.py``.
+``torch/_inductor/collective_autotuning/deferral.py``.
 
 Five tables, from one run of this script (gloo, ``--nproc`` local ranks
 per launch, one process each, rendezvous over env://):
@@ -168,10 +168,12 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
     if mode == "protocol":
         from datetime import timedelta
 
-        from torch._inductor.runtime.collective_benchmarking import (
+        from torch._inductor.runtime.collective_benchmarking.benchmarker import (
+            CollectiveBenchmarker,
+        )
+        from torch._inductor.runtime.collective_benchmarking.types import (
             Candidate,
             CollectiveBenchmarkConfig,
-            CollectiveBenchmarker,
             OpToTune,
         )
 
@@ -213,7 +215,21 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
         import importlib.util
         from datetime import timedelta
 
-        from torch._inductor.runtime import collective_benchmarking as current
+        import types
+
+        from torch._inductor.runtime.collective_benchmarking import (
+            benchmarker as protocol_benchmarker,
+            types as protocol_types,
+        )
+
+        # The old revision's protocol is one module; today's names live where
+        # each is defined.
+        current = types.SimpleNamespace(
+            CollectiveBenchmarker=protocol_benchmarker.CollectiveBenchmarker,
+            CollectiveBenchmarkConfig=protocol_types.CollectiveBenchmarkConfig,
+            Candidate=protocol_types.Candidate,
+            OpToTune=protocol_types.OpToTune,
+        )
 
         spec = importlib.util.spec_from_file_location("per_candidate_protocol", path)
         previous = importlib.util.module_from_spec(spec)

@@ -5,7 +5,7 @@ One TCPStore server (as torchrun starts for a job) and N simulated ranks:
 lightweight clients, threads spread over a few processes, each running the
 real control-plane code of a session with store connections of its own:
 its ``Liveness`` (heartbeat, watch, and the wake listener's blocked wait),
-a ``ControlStore`` session, and the real join (``collective_join.join``)
+a ``ControlStore`` session, and the real join (``join.join``)
 (digest count, rendezvous, claims).
 No process group is built: what a session does between its join and its end
 (the candidates' runs, the exchange and the commit) is collectives, which
@@ -63,14 +63,24 @@ def _simulated_ranks(
     results: multiprocessing.Queue,
 ) -> None:
     import torch.distributed as dist
-    from torch._inductor.runtime import collective_control as control_mod
-    from torch._inductor.runtime.collective_benchmarking import (
+    from torch._inductor.runtime.collective_benchmarking.benchmarker import (
+        CollectiveBenchmarker,
+    )
+    from torch._inductor.runtime.collective_benchmarking.control import ControlStore
+    from torch._inductor.runtime.collective_benchmarking.liveness import (
+        beat_interval,
+        Liveness,
+    )
+    from torch._inductor.runtime.collective_benchmarking.store import (
+        STORE_PREFIX,
+        StoreClient,
+    )
+    from torch._inductor.runtime.collective_benchmarking.types import (
         Candidate,
         CollectiveBenchmarkConfig,
-        CollectiveBenchmarker,
         OpToTune,
     )
-    from torch._inductor.runtime.collective_join import join
+    from torch._inductor.runtime.collective_benchmarking.join import join
 
     threading.stack_size(512 * 1024)
     config = CollectiveBenchmarkConfig(
@@ -100,7 +110,7 @@ def _simulated_ranks(
         store = dist.TCPStore(
             "127.0.0.1", port, size, False, timeout=timedelta(seconds=3600)
         )
-        liveness = control_mod.Liveness(
+        liveness = Liveness(
             store=lambda: store,
             global_rank=lambda: rank,
             main_thread=threading.current_thread(),
@@ -109,7 +119,7 @@ def _simulated_ranks(
         )
         # The rank's own connection serves its protocol requests, as the
         # main thread's clone does in a real process.
-        client = control_mod.StoreClient(store)
+        client = StoreClient(store)
         client.times = []
         liveness.ensure_running(config.timeout)
         beats = liveness.client
@@ -125,8 +135,8 @@ def _simulated_ranks(
             if rank == size - 1 and session == sessions - 1:
                 delay += late_s
             time.sleep(delay)
-            control = control_mod.ControlStore(
-                f"{control_mod.STORE_PREFIX}/sim/session{session}/",
+            control = ControlStore(
+                f"{STORE_PREFIX}/sim/session{session}/",
                 rank,
                 range(size),
                 "sim",
@@ -145,7 +155,7 @@ def _simulated_ranks(
         # The liveness thread writes "idle" once when the session ends, and a
         # watcher may read a status one beat late: the session's tail (two
         # beats: a thousand simulated ranks share two cores).
-        time.sleep(2 * control_mod.beat_interval(config.timeout))
+        time.sleep(2 * beat_interval(config.timeout))
         in_sessions = client.requests.total() + beats.requests.total()
         idle_from = time.monotonic()
         time.sleep(idle_s)
@@ -169,7 +179,7 @@ def _simulated_ranks(
 
 def measure(size: int, args: argparse.Namespace) -> dict:
     import torch.distributed as dist
-    from torch._inductor.runtime.collective_control import STORE_PREFIX
+    from torch._inductor.runtime.collective_benchmarking.store import STORE_PREFIX
 
     server = dist.TCPStore(
         "127.0.0.1",

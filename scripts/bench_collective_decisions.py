@@ -159,12 +159,12 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
 
         setattr(dist.ProcessGroup, method, counted)
     if patched:
-        from torch._inductor.runtime import collective_control, collective_session
+        from torch._inductor.runtime.collective_benchmarking import control, session
 
         # Wall time of the protocol's sync steps (issue + wait), on this rank.
 
         for name in ("_exchange", "_commit"):
-            original = getattr(collective_session.SessionRun, name)
+            original = getattr(session.SessionRun, name)
 
             def timed(self, *args, _original=original, **kwargs):
                 start = time.perf_counter()
@@ -175,8 +175,8 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
                         report.get("sync_wall_s", 0.0) + time.perf_counter() - start
                     )
 
-            setattr(collective_session.SessionRun, name, timed)
-        original_gather = collective_control.ControlStore.gather
+            setattr(session.SessionRun, name, timed)
+        original_gather = control.ControlStore.gather
 
         def gather(self, tag, *args, **kwargs):
             result = original_gather(self, tag, *args, **kwargs)
@@ -184,7 +184,7 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
                 report.setdefault("agreed_at", time.time())
             return result
 
-        collective_control.ControlStore.gather = gather
+        control.ControlStore.gather = gather
 
     x = torch.ones(1 << 14)
     start = time.time()

@@ -3,7 +3,7 @@
 
 V1 times each candidate of a collective custom op alone; V2 times it with the
 pointwise ops that follow the op (its *epilogue*) where the candidates' tails
-meet them differently (``torch/_inductor/collective_epilogue.py``).  This
+meet them differently (``torch/_inductor/collective_autotuning/epilogue.py``).  This
 script measures what that buys on real programs, with no injected delays.
 The programs, as serving and training code write them (the demo's ops,
 ``scripts/demo_collective_autotuning.py``, with the library's
@@ -136,7 +136,7 @@ def worker(args: argparse.Namespace, out_dir: Path) -> None:
         IMPLEMENTATIONS,
         register_collective_implementations,
     )
-    from torch._inductor.runtime import collective_decision_cache
+    from torch._inductor.runtime.collective_benchmarking import decision_cache
     from torch._inductor.virtualized import V
 
     from demo_collective_autotuning import (
@@ -164,7 +164,7 @@ def worker(args: argparse.Namespace, out_dir: Path) -> None:
             for _ in range(args.compiles):
                 for path in choices:
                     torch._dynamo.reset()
-                    collective_decision_cache._remembered.clear()
+                    decision_cache._remembered.clear()
                     recorder.selected.clear()
                     with (
                         V.set_choices_handler(recorder),
@@ -178,7 +178,7 @@ def worker(args: argparse.Namespace, out_dir: Path) -> None:
                     choices[path].append(candidate_label(recorder.selected[-1], kind))
                     if path == "V2":
                         # The decision key says what the candidates were timed with.
-                        (key,) = collective_decision_cache._remembered
+                        (key,) = decision_cache._remembered
                         v2_timed.add("alone" if "|alone|" in key[-1] else "epilogue")
             # The oracle: the whole program with each candidate forced.
             torch._dynamo.reset()

@@ -80,10 +80,10 @@ def worker(program: str, path: str, args: argparse.Namespace, out_dir: Path) -> 
     from demo_collective_autotuning import all_reduce_op
 
     if args.sequential_builds:
-        from torch._inductor.runtime import collective_choices
+        from torch._inductor.collective_autotuning import choices
 
         # Each candidate's kernel builds waited for as its module loads.
-        collective_choices._kernel_waits_deferred = lambda: contextlib.nullcontext([])
+        choices._kernel_waits_deferred = lambda: contextlib.nullcontext([])
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
     group_name = dist.group.WORLD.group_name

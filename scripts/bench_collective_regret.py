@@ -99,7 +99,7 @@ def worker(
         IMPLEMENTATIONS,
         register_collective_implementations,
     )
-    from torch._inductor.runtime import collective_decision_cache
+    from torch._inductor.runtime.collective_benchmarking import decision_cache
     from torch._inductor.select_algorithm import add_feedback_saver
     from torch._inductor.virtualized import V
 
@@ -126,7 +126,7 @@ def worker(
             choices = []
             for _ in range(compiles):
                 torch._dynamo.reset()
-                collective_decision_cache._remembered.clear()
+                decision_cache._remembered.clear()
                 register_collective_implementations(op, kind)
                 recorder.selected.clear()
                 with (

@@ -66,7 +66,7 @@ def worker(sessions: int, kinds: list[str], sizes: list[int], out_dir: Path) -> 
     from torch._inductor.kernel.collective_implementations import (
         register_collective_implementations,
     )
-    from torch._inductor.runtime import collective_decision_cache
+    from torch._inductor.runtime.collective_benchmarking import decision_cache
     from torch._inductor.select_algorithm import add_feedback_saver
     from torch._inductor.virtualized import V
 
@@ -94,7 +94,7 @@ def worker(sessions: int, kinds: list[str], sizes: list[int], out_dir: Path) -> 
         defer = (session // len(kinds)) % 2 == 0
         case = CASES[kind]
         torch._dynamo.reset()
-        collective_decision_cache._remembered.clear()
+        decision_cache._remembered.clear()
         register_collective_implementations(case.op, kind)
         recorder.selected.clear()
         x = make_input(size, rank)

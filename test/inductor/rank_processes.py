@@ -111,11 +111,11 @@ def reset_for_a_test(rank: int) -> None:
 def forget_remembered_decisions() -> None:
     """Clear the collective decisions this process remembers (not those on disk)."""
     try:  # a prefix of the series may not remember decisions
-        from torch._inductor.runtime import collective_decision_cache
+        from torch._inductor.runtime.collective_benchmarking import decision_cache
     except ImportError:
         return
-    collective_decision_cache._remembered.clear()
-    collective_decision_cache._pre_agreed.clear()
+    decision_cache._remembered.clear()
+    decision_cache._pre_agreed.clear()
 
 
 class RankProcessesTestCase(MultiProcContinuousTest):

@@ -2,7 +2,7 @@
 
 What this checks, per world size (2, 3 and 4 ranks), per tuning path (V1:
 each op tuned while it is lowered; V2, the default: the choice deferred to the
-scheduler, see torch/_inductor/collective_autotuning.py; one class per world
+scheduler, see torch/_inductor/collective_autotuning/deferral.py; one class per world
 size and path) and per collective kind (all_reduce, all_gather,
 reduce_scatter, all_to_all):
 
@@ -175,7 +175,7 @@ def _group_name() -> str:
 def _group() -> dist.ProcessGroup:
     # The eager defaults resolve their group by name, as functional collectives
     # do, so that autotuning benchmarks them on its own channel (see
-    # torch/_inductor/runtime/collective_benchmarking.py).
+    # torch/_inductor/runtime/collective_benchmarking/benchmarker.py).
     return _resolve_process_group(_group_name())
 
 
@@ -645,13 +645,13 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         DELAY_MS.update({"default": SLOW_MS, "rs_ag": SLOW_MS})
         with (
             V.set_choices_handler(SlowestOnRankZero()),
-            self.assertLogs("torch._inductor.runtime.collective_choices") as logs,
+            self.assertLogs("torch._inductor.collective_autotuning.choices") as logs,
         ):
             _, ran_here, result, _ = self._autotune(
                 all_reduce_op, decompositions, device
             )
             if self.rank != 0:  # assertLogs needs a record on every rank
-                logging.getLogger("torch._inductor.runtime.collective_choices").info(
+                logging.getLogger("torch._inductor.collective_autotuning.choices").info(
                     "no override on this rank"
                 )
         self._assert_agreed_winner(ran_here, "direct")
@@ -700,7 +700,7 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
             "desync",
             desynchronizing,
             device,
-            "torch._inductor.runtime.collective_join",
+            "torch._inductor.runtime.collective_benchmarking.join",
         )
         # Disqualified at the join, on every rank, without running; the
         # others competed on a channel it never touched.
@@ -735,7 +735,7 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
             "two_in_flight",
             all_reduce_two_in_flight,
             device,
-            "torch._inductor.runtime.collective_session",
+            "torch._inductor.runtime.collective_benchmarking.session",
         )
         # The fastest by far, yet read from its graph and disqualified on
         # every rank before it ran, in benchmarking as in the program.
@@ -895,9 +895,11 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
     TIMEOUT = datetime.timedelta(seconds=3)
 
     def _benchmarker(self):
-        from torch._inductor.runtime.collective_benchmarking import (
-            CollectiveBenchmarkConfig,
+        from torch._inductor.runtime.collective_benchmarking.benchmarker import (
             CollectiveBenchmarker,
+        )
+        from torch._inductor.runtime.collective_benchmarking.types import (
+            CollectiveBenchmarkConfig,
         )
 
         self._init_process_group()
@@ -906,10 +908,10 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         )
 
     def test_ranks_tuning_different_ops_fail_together(self):
-        from torch._inductor.runtime.collective_benchmarking import (
-            Candidate,
+        from torch._inductor.runtime.collective_benchmarking.store import (
             CollectiveBenchmarkError,
         )
+        from torch._inductor.runtime.collective_benchmarking.types import Candidate
 
         benchmarker = self._benchmarker()
         candidate = Candidate(
@@ -920,26 +922,29 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         dist.destroy_process_group()
 
     def test_decision_remembered_by_one_rank_only_is_adopted_by_all(self):
-        from torch._inductor.runtime import collective_benchmarking as cb
+        from torch._inductor.runtime.collective_benchmarking import (
+            decision_cache,
+            types as ct,
+        )
 
         benchmarker = self._benchmarker()
         ran = collections.Counter()
 
-        def candidate(name: str, is_default: bool = False) -> cb.Candidate:
+        def candidate(name: str, is_default: bool = False) -> ct.Candidate:
             def fn():
                 ran[name] += 1
                 return _wait(funcol.all_reduce(torch.ones(2), "sum", _group_name()))
 
-            return cb.Candidate(name, fn, is_default)
+            return ct.Candidate(name, fn, is_default)
 
-        op = cb.OpToTune(
+        op = ct.OpToTune(
             "op",
             [candidate("default", True), candidate("other")],
             memo_key="op measured alone",
         )
         first = benchmarker.run_batch([op])[0]
         if self.rank == 1:  # as after a restart with an empty cache: nothing remembered
-            cb.decision_cache._remembered.clear()
+            decision_cache._remembered.clear()
             shutil.rmtree(
                 os.path.join(
                     os.environ["TORCHINDUCTOR_CACHE_DIR"], "collective_decisions"
@@ -968,9 +973,11 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         dist.destroy_process_group()
 
     def test_sync_with_timeout_raises_when_a_rank_is_late(self):
-        from torch._inductor.runtime.collective_benchmarking import (
-            CollectiveBenchmarkTimeout,
+        from torch._inductor.runtime.collective_benchmarking.benchmarker import (
             sync_with_timeout,
+        )
+        from torch._inductor.runtime.collective_benchmarking.store import (
+            CollectiveBenchmarkTimeout,
         )
 
         self._init_process_group()
@@ -981,10 +988,10 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
             sync_with_timeout(None, self.TIMEOUT)
 
     def test_rank_that_never_joins_is_named(self):
-        from torch._inductor.runtime.collective_benchmarking import (
-            Candidate,
+        from torch._inductor.runtime.collective_benchmarking.store import (
             CollectiveBenchmarkError,
         )
+        from torch._inductor.runtime.collective_benchmarking.types import Candidate
 
         benchmarker = self._benchmarker()
         if self.rank == 1:

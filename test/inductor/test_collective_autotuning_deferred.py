@@ -1,7 +1,7 @@
 """What only the deferred path (V2) of collective autotuning does, on CPU/gloo.
 
 ``test_collective_autotuning.py`` runs every per-op test under both paths;
-this file checks the scheduler-level behaviour (torch/_inductor/collective_autotuning.py):
+this file checks the scheduler-level behaviour (torch/_inductor/collective_autotuning/deferral.py):
 
 * One pre-sync per process group per graph: a graph with four collective
   autotuned ops, three over the world and one over a second group, joins
@@ -55,7 +55,7 @@ import types
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
-from torch._inductor.collective_epilogue import (
+from torch._inductor.collective_autotuning.epilogue import (
     epilogue_to_time_with,
     tail_fusion,
     TailFusion,

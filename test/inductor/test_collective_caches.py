@@ -52,10 +52,13 @@ from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
-from torch._inductor.runtime import collective_decision_cache
-from torch._inductor.runtime.collective_benchmarking import (
-    CollectiveBenchmarkConfig,
+from torch._inductor.collective_autotuning import cache_hits
+from torch._inductor.runtime.collective_benchmarking import decision_cache
+from torch._inductor.runtime.collective_benchmarking.benchmarker import (
     CollectiveBenchmarker,
+)
+from torch._inductor.runtime.collective_benchmarking.types import (
+    CollectiveBenchmarkConfig,
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -95,8 +98,8 @@ def settings(**patches):
 def restart() -> None:
     """What a new process starts with: no compiled frame, no decision in memory."""
     torch._dynamo.reset()
-    collective_decision_cache._remembered.clear()
-    collective_decision_cache._pre_agreed.clear()
+    decision_cache._remembered.clear()
+    decision_cache._pre_agreed.clear()
     counters.clear()
 
 
@@ -283,7 +286,7 @@ class RecompileTest(SpawnedRanksTestCase):
                 dist.destroy_process_group()  # frees the peer, blocked in the compiled all_reduce
             else:
                 with self.assertLogs(
-                    "torch._inductor.runtime.collective_liveness", "ERROR"
+                    "torch._inductor.runtime.collective_benchmarking.liveness", "ERROR"
                 ) as logs:
                     with self.assertRaises(RuntimeError):
                         compiled(x, 1)
@@ -350,12 +353,10 @@ class ProgramsServeTheirGroupsTest(TestCase):
         )
 
     def session(self, topology, rank=None):
-        return collective_decision_cache.RecordedSession(
-            "0", "cpu", (), (), topology, rank
-        )
+        return decision_cache.RecordedSession("0", "cpu", (), (), topology, rank)
 
     def test_a_program_serves_the_topology_it_was_compiled_for(self):
-        serves = collective_decision_cache.serves_this_process
+        serves = cache_hits.serves_this_process
         compiled_at_3 = [self.session(("0", 3, "0-2"))]
         self.assertFalse(serves(compiled_at_3))  # no process group
         for rank in range(3):
@@ -364,9 +365,7 @@ class ProgramsServeTheirGroupsTest(TestCase):
         self.join_job(0, 2)
         self.assertFalse(serves(compiled_at_3))
         unknown_group = [
-            collective_decision_cache.RecordedSession(
-                "7", "cpu", (), (), ("7", 2, "0-1"), None
-            )
+            decision_cache.RecordedSession("7", "cpu", (), (), ("7", 2, "0-1"), None)
         ]
         self.assertFalse(serves(unknown_group))
 
@@ -375,7 +374,7 @@ class ProgramsServeTheirGroupsTest(TestCase):
         for rank in range(3):
             self.join_job(rank, 3)
             self.assertEqual(
-                collective_decision_cache.serves_this_process(compiled_on_1),
+                cache_hits.serves_this_process(compiled_on_1),
                 rank == 1,
             )
 

@@ -1,8 +1,8 @@
 """What collective autotuning asks of the job's store, on CPU/gloo, through a TCPStore.
 
 One TCPStore serves every rank of a torchrun job; these tests hold the control
-plane (``collective_control.py``, ``collective_liveness.py`` and
-``collective_store.py`` in ``torch/_inductor/runtime/``) to what it promises
+plane (``collective_benchmarking/control.py``, ``collective_benchmarking/liveness.py`` and
+``collective_benchmarking/store.py`` in ``torch/_inductor/runtime/``) to what it promises
 it asks of it, per world size (2 and 3 ranks, one set of rank processes per
 class):
 
@@ -38,7 +38,7 @@ from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
-from torch._inductor.runtime import collective_control
+from torch._inductor.runtime.collective_benchmarking import liveness, store
 from torch.testing._internal.common_utils import run_tests
 
 from rank_processes import RankProcessesTestCase
@@ -96,28 +96,28 @@ class ControlPlaneTests:
         return compiled, x
 
     def test_no_request_outside_sessions_and_compiles(self):
-        interval = collective_control.beat_interval(timedelta(seconds=TIMEOUT_S))
+        interval = liveness.beat_interval(timedelta(seconds=TIMEOUT_S))
         with tuning_config(True, collective_benchmark_timeout=TIMEOUT_S):
             compiled, x = self._compile_and_check(2.0)
             # A rank that a peer woke in the session (it joined late) beats
             # for two timeouts after the wake; then its liveness thread
             # writes "idle" once.
             time.sleep(2 * TIMEOUT_S + 2 * interval)
-            before = collective_control.store_requests.total()
+            before = store.store_requests.total()
             for _ in range(20):
                 compiled(x)
             time.sleep(4 * interval)
-            after = collective_control.store_requests.total()
-        self.assertEqual(after - before, 0, dict(collective_control.store_requests))
+            after = store.store_requests.total()
+        self.assertEqual(after - before, 0, dict(store.store_requests))
 
     def test_waiting_costs_requests_per_beat_not_per_poll(self):
         # Rank 0 arrives three timeouts late: its peers wait for it in the
         # join, and wake it (it is idle: neither compiling nor in a session).
-        collective_control.ensure_heartbeat(timedelta(seconds=TIMEOUT_S))
-        main = collective_control.main_store_client()
-        beats = collective_control._liveness.client
+        liveness.ensure_heartbeat(timedelta(seconds=TIMEOUT_S))
+        main = store.main_store_client()
+        beats = liveness._liveness.client
         self.assertIsNotNone(beats)
-        interval = collective_control.beat_interval(timedelta(seconds=TIMEOUT_S))
+        interval = liveness.beat_interval(timedelta(seconds=TIMEOUT_S))
         with tuning_config(True, collective_benchmark_timeout=TIMEOUT_S):
             main_before, beats_before = main.requests.total(), beats.requests.total()
             started = time.monotonic()
@@ -139,15 +139,17 @@ class ControlPlaneTests:
         with tuning_config(True, collective_benchmark_timeout=TIMEOUT_S):
             for scale in (1.0, 2.0, 3.0, 4.0):
                 torch._dynamo.reset()
-                from torch._inductor.runtime import collective_decision_cache
+                from torch._inductor.runtime.collective_benchmarking import (
+                    decision_cache,
+                )
 
-                collective_decision_cache._remembered.clear()
+                decision_cache._remembered.clear()
                 self._compile_and_check(scale)
         dist.barrier()
         keys = [
             key
             for key in dist.distributed_c10d._get_default_store().list_keys()
-            if collective_control.STORE_PREFIX in key
+            if store.STORE_PREFIX in key
         ]
         status = [key for key in keys if "/status/" in key]
         self.assertEqual(len(status), self.world_size, keys)
@@ -162,7 +164,9 @@ class ControlPlaneTests:
         # Then every member builds a new channel, which works.
         if self.world_size != 2:
             raise unittest.SkipTest("one late rank is enough; keeps CI short")
-        from torch._inductor.runtime.collective_channels import BenchmarkChannel
+        from torch._inductor.runtime.collective_benchmarking.channels import (
+            BenchmarkChannel,
+        )
 
         channel = BenchmarkChannel(
             dist.group.WORLD, torch.device("cpu"), timedelta(seconds=TIMEOUT_S)

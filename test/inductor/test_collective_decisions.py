@@ -42,20 +42,25 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from hypothesis import given, settings, strategies as st
-from torch._inductor.runtime import (
-    collective_benchmarking as cb,
-    collective_decisions as cd,
+from torch._inductor.runtime.collective_benchmarking import (
+    benchmarker as cb,
+    decisions as cd,
+    store as cs,
+    types as ct,
 )
-from torch._inductor.runtime.collective_choices import AgreedTimings
-from torch._inductor.runtime.collective_session import classify
+from torch._inductor.collective_autotuning.choices import (
+    AgreedTimings,
+    collective_group_name,
+)
+from torch._inductor.runtime.collective_benchmarking.session import classify
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 OK, PEER, TIMEOUT, WRONG, RAISED = (
-    cb.CandidateStatus.OK,
-    cb.CandidateStatus.PEER_FAILED,
-    cb.CandidateStatus.TIMED_OUT,
-    cb.CandidateStatus.WRONG_RESULT,
-    cb.CandidateStatus.RAISED,
+    cd.CandidateStatus.OK,
+    cd.CandidateStatus.PEER_FAILED,
+    cd.CandidateStatus.TIMED_OUT,
+    cd.CandidateStatus.WRONG_RESULT,
+    cd.CandidateStatus.RAISED,
 )
 times_strategy = st.lists(
     st.one_of(st.floats(min_value=1e-3, max_value=1e3), st.just(math.inf)),
@@ -66,23 +71,23 @@ times_strategy = st.lists(
 
 class TestPickWinner(TestCase):
     def test_fastest_wins(self):
-        self.assertEqual(cb.pick_winner([3.0, 1.0, 2.0], tie_tolerance=0.0), 1)
+        self.assertEqual(cd.pick_winner([3.0, 1.0, 2.0], tie_tolerance=0.0), 1)
 
     def test_near_tie_goes_to_the_earlier_candidate(self):
-        self.assertEqual(cb.pick_winner([1.01, 1.0, 0.5], tie_tolerance=0.05), 2)
-        self.assertEqual(cb.pick_winner([1.01, 1.0, 5.0], tie_tolerance=0.05), 0)
-        self.assertEqual(cb.pick_winner([1.01, 1.0], tie_tolerance=0.0), 1)
+        self.assertEqual(cd.pick_winner([1.01, 1.0, 0.5], tie_tolerance=0.05), 2)
+        self.assertEqual(cd.pick_winner([1.01, 1.0, 5.0], tie_tolerance=0.05), 0)
+        self.assertEqual(cd.pick_winner([1.01, 1.0], tie_tolerance=0.0), 1)
 
     def test_exact_tie_without_tolerance_goes_to_the_earlier_candidate(self):
-        self.assertEqual(cb.pick_winner([2.0, 1.0, 1.0], tie_tolerance=0.0), 1)
+        self.assertEqual(cd.pick_winner([2.0, 1.0, 1.0], tie_tolerance=0.0), 1)
 
     def test_all_failed_has_no_winner(self):
-        self.assertIsNone(cb.pick_winner([math.inf, math.inf], tie_tolerance=0.02))
-        self.assertIsNone(cb.pick_winner([], tie_tolerance=0.02))
+        self.assertIsNone(cd.pick_winner([math.inf, math.inf], tie_tolerance=0.02))
+        self.assertIsNone(cd.pick_winner([], tie_tolerance=0.02))
 
     def test_disqualified_candidates_never_win(self):
         self.assertEqual(
-            cb.pick_winner([math.inf, 9.0, math.inf], tie_tolerance=0.02), 1
+            cd.pick_winner([math.inf, 9.0, math.inf], tie_tolerance=0.02), 1
         )
 
     @settings(max_examples=300, deadline=None)
@@ -90,7 +95,7 @@ class TestPickWinner(TestCase):
     def test_winner_is_the_first_within_tolerance_of_the_fastest(
         self, times, tolerance
     ):
-        winner = cb.pick_winner(times, tolerance)
+        winner = cd.pick_winner(times, tolerance)
         finite = [t for t in times if math.isfinite(t)]
         if not finite:
             self.assertIsNone(winner)
@@ -107,8 +112,8 @@ class TestPickWinner(TestCase):
     def test_winner_does_not_depend_on_the_unit(self, times, scale):
         # Ranks agree on the times, so only their ratios may decide.
         self.assertEqual(
-            cb.pick_winner(times, 0.02),
-            cb.pick_winner([t * scale for t in times], 0.02),
+            cd.pick_winner(times, 0.02),
+            cd.pick_winner([t * scale for t in times], 0.02),
         )
 
 
@@ -179,7 +184,7 @@ class TestAgreedChoice(TestCase):
         choices, timings = self.agreed("0:first", [1.0, 2.0, 4.0])
         with (
             V.set_choices_handler(Slowest()),
-            self.assertLogs("torch._inductor.runtime.collective_choices") as logs,
+            self.assertLogs("torch._inductor.collective_autotuning.choices") as logs,
         ):
             self.assertIs(timings.agreed_choice(), choices[0])
         self.assertIn("cannot change on one rank alone", logs.output[0])
@@ -366,11 +371,11 @@ class TestResultsAndScreening(TestCase):
 
     def test_config_validation(self):
         with self.assertRaisesRegex(ValueError, "nruns"):
-            cb.CollectiveBenchmarkConfig(nruns=0)
+            ct.CollectiveBenchmarkConfig(nruns=0)
         with self.assertRaisesRegex(ValueError, "timeout"):
-            cb.CollectiveBenchmarkConfig(timeout=timedelta(0))
+            ct.CollectiveBenchmarkConfig(timeout=timedelta(0))
         with self.assertRaisesRegex(ValueError, ">= 0"):
-            cb.CollectiveBenchmarkConfig(retries=-1)
+            ct.CollectiveBenchmarkConfig(retries=-1)
 
 
 def graph_choice(*group_names: str):
@@ -391,18 +396,18 @@ class TestGroupFromGraphs(TestCase):
     def test_group_is_read_from_the_candidates(self):
         default = FakeChoice("default")
         self.assertEqual(
-            cb.collective_group_name(
+            collective_group_name(
                 [graph_choice("tp0"), graph_choice("tp0", "tp0"), default]
             ),
             "tp0",
         )
-        self.assertIsNone(cb.collective_group_name([default]))
+        self.assertIsNone(collective_group_name([default]))
 
     def test_candidates_on_different_groups_are_an_error(self):
         with self.assertRaisesRegex(
-            cb.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"
+            cs.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"
         ):
-            cb.collective_group_name([graph_choice("tp0"), graph_choice("tp1")])
+            collective_group_name([graph_choice("tp0"), graph_choice("tp1")])
 
 
 class OneRankGroupTestCase(TestCase):
@@ -412,7 +417,7 @@ class OneRankGroupTestCase(TestCase):
         super().setUp()
         store = dist.FileStore(tempfile.mktemp(prefix="collective-decisions-"), 1)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        self.config = cb.CollectiveBenchmarkConfig(
+        self.config = ct.CollectiveBenchmarkConfig(
             timeout=timedelta(seconds=5), nwarmup=1, nruns=3
         )
 
@@ -433,7 +438,7 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
                 raise raise_on[calls[name]]
             return output
 
-        return cb.Candidate(name, fn, is_default=is_default)
+        return ct.Candidate(name, fn, is_default=is_default)
 
     def test_failed_candidates_are_disqualified_and_the_rest_compete(self):
         good = torch.ones(4)
@@ -475,7 +480,7 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         once = cb.CollectiveBenchmarker(None, self.config).run([default, flaky])
         self.assertEqual(once.results[1].status, TIMEOUT)
         calls.clear()
-        config = cb.CollectiveBenchmarkConfig(
+        config = ct.CollectiveBenchmarkConfig(
             timeout=timedelta(seconds=5), nwarmup=1, nruns=3, retries=1
         )
         retried = cb.CollectiveBenchmarker(None, config).run([default, flaky])
@@ -510,11 +515,11 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
             ),
             self.candidate("second.default", torch.zeros(3), is_default=True),
         ]
-        config = cb.CollectiveBenchmarkConfig(
+        config = ct.CollectiveBenchmarkConfig(
             timeout=timedelta(seconds=5), nwarmup=1, nruns=3, retries=1
         )
         decisions = cb.CollectiveBenchmarker(None, config).run_batch(
-            [cb.OpToTune("first", first), cb.OpToTune("second", second)]
+            [ct.OpToTune("first", first), ct.OpToTune("second", second)]
         )
         self.assertEqual(counters["collective_autotuning"]["presync"], 1)
         self.assertEqual(counters["collective_autotuning"]["ops"], 2)
@@ -534,11 +539,11 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         order: list[str] = []
 
         def candidate(name, is_default=False):
-            return cb.Candidate(
+            return ct.Candidate(
                 name, lambda: order.append(name) or torch.ones(2), is_default=is_default
             )
 
-        config = cb.CollectiveBenchmarkConfig(
+        config = ct.CollectiveBenchmarkConfig(
             timeout=timedelta(seconds=5), nwarmup=1, nruns=6
         )
         cb.CollectiveBenchmarker(None, config).run(
@@ -639,7 +644,7 @@ class TestStoreLifetime(TestCase):
             "127.0.0.1", self.port, 1, False, timeout=timedelta(seconds=10)
         )
         dist.init_process_group("gloo", store=client, rank=0, world_size=1)
-        self.config = cb.CollectiveBenchmarkConfig(
+        self.config = ct.CollectiveBenchmarkConfig(
             timeout=timedelta(seconds=5), nwarmup=1, nruns=3
         )
 
@@ -654,7 +659,7 @@ class TestStoreLifetime(TestCase):
                 before()
             return torch.ones(2)
 
-        return cb.Candidate(name, fn, is_default=is_default)
+        return ct.Candidate(name, fn, is_default=is_default)
 
     def liveness_threads(self):
         return [t for t in threading.enumerate() if t.name.startswith("collective-")]
@@ -685,7 +690,7 @@ class TestStoreLifetime(TestCase):
             self.candidate("b", before=lose_the_store),
         ]
         with self.assertRaisesRegex(
-            cb.CollectiveBenchmarkError,
+            cs.CollectiveBenchmarkError,
             f"lost the connection to the job's store at 127.0.0.1:{self.port}",
         ):
             cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
@@ -711,11 +716,11 @@ class TestPreparation(OneRankGroupTestCase):
 
         out = torch.ones(2)
         candidates = [
-            cb.Candidate("default", lambda: out, is_default=True),
-            cb.Candidate("a", lambda: out, prepare=prepare("a")),
-            cb.Candidate("b", lambda: out, prepare=prepare("b", finish_raises=True)),
+            ct.Candidate("default", lambda: out, is_default=True),
+            ct.Candidate("a", lambda: out, prepare=prepare("a")),
+            ct.Candidate("b", lambda: out, prepare=prepare("b", finish_raises=True)),
             # A preparation that finishes at once returns no callable.
-            cb.Candidate("c", lambda: out, prepare=lambda: events.append(("c",))),
+            ct.Candidate("c", lambda: out, prepare=lambda: events.append(("c",))),
         ]
         decision = cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
         self.assertEqual(
@@ -729,7 +734,7 @@ class TestPreparation(OneRankGroupTestCase):
         from concurrent.futures import Future
 
         from torch._inductor.async_compile import AsyncCompile
-        from torch._inductor.runtime.collective_choices import compile_in_background
+        from torch._inductor.collective_autotuning.choices import compile_in_background
 
         build = Future()  # a kernel's build, handed to the compile workers
         build.set_result("built kernel")
@@ -753,8 +758,8 @@ class TestPreparation(OneRankGroupTestCase):
 class TestMisuse(TestCase):
     def test_uninitialized_process_group_is_a_clear_error(self):
         self.assertFalse(dist.is_initialized())
-        with self.assertRaisesRegex(cb.CollectiveBenchmarkError, "init_process_group"):
-            cb.CollectiveBenchmarker(None, cb.CollectiveBenchmarkConfig())
+        with self.assertRaisesRegex(cs.CollectiveBenchmarkError, "init_process_group"):
+            cb.CollectiveBenchmarker(None, ct.CollectiveBenchmarkConfig())
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from torch._inductor.kernel.collective_implementations import (
     IMPLEMENTATIONS,
     register_collective_implementations,
 )
-from torch._inductor.runtime.collective_choices import collectives_in_flight
+from torch._inductor.collective_autotuning.choices import collectives_in_flight
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch._inductor.utils import run_and_get_code
 from torch.fx.experimental.proxy_tensor import make_fx

@@ -28,7 +28,7 @@ the job, as on one machine:
   (no signal but the launcher's SIGTERM), none outlives the launch's bound.
 
 The control plane's threads are what made a rank abort at exit ("terminate
-called without an active exception", see ``collective_liveness.py``);
+called without an active exception", see ``collective_benchmarking/liveness.py``);
 ``scripts/bench_collective_launchers.py`` repeats these launches many times
 and counts non-zero exits.  Compiled kernels are shared between the cache
 directories of the class (the parts holding compiled programs and decisions

@@ -31,6 +31,7 @@ The killed-rank test stays in ``test_collective_autotuning.py``.
 from __future__ import annotations
 
 import time
+import unittest
 
 import torch
 import torch.distributed as dist
@@ -86,6 +87,10 @@ class LivenessTests:
         return torch.compile(lambda x: all_reduce_op(x) + 1)
 
     def test_stragglers_are_waited_for(self):
+        if self.world_size == 3:
+            raise unittest.SkipTest(
+                "2 and 4 ranks wait for a straggler alike; keeps CI short"
+            )
         last = self.world_size - 1
         FAULTS.clear()
         FAULTS["stalls_3x"] = Fault(

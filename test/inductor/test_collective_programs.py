@@ -47,7 +47,9 @@ from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
-from torch._inductor.runtime.collective_benchmarking import CollectiveBenchmarkError
+from torch._inductor.runtime.collective_benchmarking.store import (
+    CollectiveBenchmarkError,
+)
 from torch.testing._internal.common_utils import run_tests
 
 

@@ -14,7 +14,7 @@ lists such ways and registers them for a custom op's autotuning in one call::
     register_collective_implementations(all_reduce, "all_reduce")
 
 Every rank of the group then benchmarks the implementations together and
-picks the same one (see ``torch/_inductor/runtime/collective_benchmarking.py``).
+picks the same one (see ``torch/_inductor/runtime/collective_benchmarking/benchmarker.py``).
 
 Conventions.  An implementation takes ``(x, group_name)`` (and, for some,
 parameters given at registration) and returns what the collective over
@@ -42,7 +42,7 @@ transfer of one piece overlap the wait for another.  On a gloo group a
 chunked implementation keeps one collective in flight whatever
 ``in_flight`` says: two finishing together on one gloo group can corrupt
 the heap (see "Memory safety on gloo" in
-``torch/_inductor/runtime/collective_benchmarking.py``), and the autotuner
+``torch/_inductor/runtime/collective_benchmarking/benchmarker.py``), and the autotuner
 disqualifies, on gloo, any candidate whose graph keeps more than one.
 """
 

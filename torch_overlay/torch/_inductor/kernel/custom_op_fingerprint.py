@@ -42,6 +42,10 @@ import types
 from typing import Any, TYPE_CHECKING
 
 import torch
+from torch._inductor.runtime.collective_benchmarking.groups import (
+    process_group_topology,
+)
+
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -50,7 +54,6 @@ if TYPE_CHECKING:
 __all__ = [
     "autotuning_process_groups",
     "callable_fingerprint",
-    "process_group_topology",
     "record_registration",
     "registered_autotuning_fingerprint",
     "registration_fingerprint",
@@ -289,30 +292,6 @@ def _registered_calls(
                 and target in _registrations
             ):
                 yield target, node
-
-
-def _ranks_text(ranks: list[int]) -> str:
-    # Global ranks in order, runs of consecutive ranks as "a-b": compact at
-    # thousands of ranks.
-    runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][1] + 1:
-            runs[-1][1] = rank
-        else:
-            runs.append([rank, rank])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
-def process_group_topology(
-    group: torch.distributed.ProcessGroup,
-) -> tuple[str, int, str]:
-    """``(name, size, global ranks)`` of ``group``: the same on every member.
-
-    What a program traced for the group depends on besides the caller's own
-    rank; ranks in group order, runs of consecutive ranks written ``"a-b"``.
-    """
-    ranks = torch.distributed.get_process_group_ranks(group)
-    return (group.group_name, group.size(), _ranks_text(ranks))
 
 
 def autotuning_process_groups(

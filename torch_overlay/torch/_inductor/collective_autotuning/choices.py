@@ -1,6 +1,6 @@
 """Inductor's autotuning choices as collective benchmarking candidates.
 
-``select_algorithm`` (V1, at lowering) and ``collective_autotuning.py`` (V2, in
+``select_algorithm`` (V1, at lowering) and ``deferral.py`` (V2, in
 the scheduler) hand ``ChoiceCaller``s to the protocol through this module: it
 reads the process group the choices' collectives run on from their graphs,
 names them alike on every rank, describes the collectives each one issues
@@ -18,25 +18,33 @@ waits for any of them.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import operator
 from typing import Any, cast, TYPE_CHECKING
 
 import torch
 
-from .collective_control import CollectiveBenchmarkError
-from .collective_decisions import (
+from torch._inductor.runtime.collective_benchmarking.benchmarker import (
+    CollectiveBenchmarker,
+)
+from torch._inductor.runtime.collective_benchmarking.decisions import (
     apply_speedup_threshold,
     CollectiveDecision,
     is_default_choice,
+)
+from torch._inductor.runtime.collective_benchmarking.store import (
+    CollectiveBenchmarkError,
+)
+from torch._inductor.runtime.collective_benchmarking.timing import device_of
+from torch._inductor.runtime.collective_benchmarking.types import (
+    Candidate,
+    CollectiveBenchmarkConfig,
+    digest,
 )
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
-
-    from .collective_benchmarking import Candidate, CollectiveBenchmarkConfig
 
 
 __all__ = [
@@ -56,11 +64,6 @@ log = logging.getLogger(__name__)
 decision_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
 
 _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
-
-
-def digest(text: str) -> str:
-    """A short, stable digest of ``text`` (the same in every process)."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def is_collective(node: torch.fx.Node) -> bool:
@@ -154,7 +157,7 @@ def collectives_in_flight(choice: Any) -> int:
     threads each store the name of the work they finished into a status
     string shared by the group, without a lock, and two that finish together
     free the same buffer (torch 2.15.0; see the module docstring of
-    ``collective_benchmarking.py``).
+    ``collective_benchmarking/benchmarker.py``).
     """
     gm = getattr(choice, "gm", None)
     if gm is None:
@@ -210,8 +213,6 @@ def collective_candidates(
     Candidates are named by :func:`candidate_names`, in ``choices`` order.
     Local work only: no rank waits for another.
     """
-    from .collective_benchmarking import Candidate
-
     candidates: list[Candidate] = []
     shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
     for choice, (name, is_default) in zip(
@@ -298,12 +299,6 @@ def benchmark_collective_choices(
     :class:`CollectiveBenchmarkError` when a member is lost or the members are
     not tuning the same op.
     """
-    from .collective_benchmarking import (
-        CollectiveBenchmarkConfig,
-        CollectiveBenchmarker,
-    )
-    from .collective_timing import device_of
-
     config = config or CollectiveBenchmarkConfig.from_inductor_config()
     group_name = collective_group_name(choices)
     candidates, key = collective_candidates(
@@ -332,7 +327,7 @@ class AgreedTimings(dict[Any, float]):
     Identical on every rank of the group.  The timings feed the autotuner's
     logs and feedback hooks; the winner comes from the decision only
     (:meth:`agreed_choice`), never from a rank re-picking on the medians:
-    the decision applies the do-no-harm rules (``collective_decisions.decide``)
+    the decision applies the do-no-harm rules (``decisions.decide``)
     that the medians alone do not show.
     """
 
@@ -356,7 +351,7 @@ class AgreedTimings(dict[Any, float]):
         """The choice every rank of the group runs.
 
         The decision's winner after ``min_speedup_threshold``
-        (``collective_decisions.apply_speedup_threshold``); the op's default
+        (``decisions.apply_speedup_threshold``); the op's default
         when nothing qualified (the first choice when it has none).
         ``InductorChoices.override_best_choice`` is called, as after any
         autotuning, but it is rank-local: an answer other than the agreed

@@ -27,26 +27,9 @@ heartbeat for the life of the process.
 
 The modules
 -----------
-* this one: a *session* over a group, from the join to the decision
-  (:class:`CollectiveBenchmarker`), and the public API;
-* ``collective_join.py``: the join, which agrees on what the session
-  benchmarks;
-* ``collective_session.py``: the benchmarking part of a session (warmups,
-  interleaved timed runs, exchange, commit, failure agreements);
-* ``collective_control.py``: the control plane: agreement over the job's
-  store (a session's rendezvous, and when a member is given up on), and what
-  a session asks of the store;
-* ``collective_liveness.py``: every process's heartbeat in the store, and its
-  watch over the member a rendezvous waits for;
-* ``collective_store.py``: the control plane's connection to the store,
-  which counts its requests, and the keys it shares;
-* ``collective_channels.py``: the private process groups candidates run on;
-* ``collective_timing.py``: device-agnostic timing;
-* ``collective_decisions.py``: the decision rules, pure functions of what the
-  members agreed on;
-* ``collective_choices.py``: Inductor's choices as candidates;
-* ``collective_decision_cache.py``: decisions remembered across compiles and
-  processes, and cache hits that agree.
+This one runs a *session* over a group, from the join to the decision
+(:class:`CollectiveBenchmarker`), and holds the public API; the package's
+``__init__.py`` lists the modules under it, from the bottom up.
 
 The protocol
 ------------
@@ -54,9 +37,9 @@ The protocol
 are tuned while they are lowered (V1, :meth:`~CollectiveBenchmarker.run`), one
 per group and graph when the scheduler tunes a graph's collective ops together
 (V2, :meth:`~CollectiveBenchmarker.run_batch`; see
-``torch/_inductor/collective_autotuning.py``).  A session:
+``torch/_inductor/collective_autotuning/deferral.py``).  A session:
 
-1. **Join (the pre-sync)**, ``collective_join.py``.  One rendezvous over the
+1. **Join (the pre-sync)**, ``join.py``.  One rendezvous over the
    store.  Every member counts itself under a digest of what it tunes: the
    ops' keys, their candidates' names and roles, the group, the settings,
    and each candidate's *collective signature* (the collectives its graph
@@ -68,17 +51,17 @@ per group and graph when the scheduler tunes a graph's collective ops together
    own) is disqualified on every member without running, and the others
    still compete.  Each member also claims, per op, the decision it
    remembers: an op that any member remembers is adopted by every member
-   (see ``collective_decision_cache.py``); the others are benchmarked.
+   (see ``decision_cache.py``); the others are benchmarked.
 2. **Prepare.**  Every member compiles the candidates of the ops the group
    benchmarks, and only those (an op that any member remembers is compiled
    by none), then meets the others in a second rendezvous (*ready*): the
    members compile for different times, and the first warmup's collective,
    bounded by the timeout, must not wait for a peer still compiling (a
    peer that compiles beats, and is waited for).
-3. **Benchmark** (``collective_session.py``): warmups with screening, timed
+3. **Benchmark** (``session.py``): warmups with screening, timed
    runs interleaved, one exchange and one commit; failures agreed over the
    store.
-4. **Decision** (``collective_decisions.py``).  A candidate qualifies when
+4. **Decision** (``decisions.py``).  A candidate qualifies when
    every member ran it without error and with a correct result.  Its time in
    a run is the slowest member's (a collective completes when its slowest
    participant does) and its time is the median over the runs.  Among the
@@ -117,7 +100,7 @@ graph to read: it is what the program runs untuned anyway.
 
 Every step is bounded: by ``collective_benchmark_timeout`` for a member that
 shows no sign of life, by ``collective_benchmark_max_wait`` for one that is
-alive but absent (see ``collective_control.py``).  Seconds spent per step are
+alive but absent (see ``control.py``).  Seconds spent per step are
 added to ``torch._dynamo.utils.counters["collective_autotuning"]``:
 ``presync_s`` in joins (mostly waiting for the slowest member to finish
 compiling), ``sync_s`` in the exchange, the commit and failure agreements,
@@ -129,204 +112,46 @@ lowering of every candidate left running); ``presync`` counts joins, ``exchanges
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
-from datetime import timedelta
 from typing import Any, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from . import collective_decision_cache as decision_cache
-from .collective_channels import BenchmarkChannel
-from .collective_choices import (
-    benchmark_collective_choices,
-    candidate_names,
-    choices_identity,
-    collective_candidates,
-    collective_group_name,
-)
-from .collective_control import (
-    CollectiveBenchmarkError,
-    CollectiveBenchmarkTimeout,
-    ControlStore,
-    ensure_heartbeat,
-    resolve_group,
-    STORE_PREFIX,
-)
-from .collective_decision_cache import (
-    RecordedSession,
-    recorded_sessions,
-    replay_sessions,
-)
-from .collective_decisions import (
+from . import decision_cache
+from .channels import BenchmarkChannel
+from .control import ControlStore
+from .decisions import (
     CandidateResult,
     CandidateStatus,
     CollectiveDecision,
     decide,
-    pick_winner,
-    RankReport,
-    SCREENING_TOLERANCES,
 )
-from .collective_join import join
-from .collective_session import SessionRun
-from .collective_timing import device_of, time_runs, timed
+from .groups import process_group_topology, resolve_group
+from .join import join
+from .liveness import ensure_heartbeat
+from .session import SessionRun
+from .store import CollectiveBenchmarkTimeout, STORE_PREFIX
+from .timing import timed
+from .types import Candidate, CollectiveBenchmarkConfig, OpToTune
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from datetime import timedelta
 
 
 __all__ = [
-    "Candidate",
-    "CandidateResult",
-    "CandidateStatus",
-    "CollectiveBenchmarkConfig",
-    "CollectiveBenchmarkError",
-    "CollectiveBenchmarkTimeout",
     "CollectiveBenchmarker",
-    "CollectiveDecision",
-    "OpToTune",
-    "RankReport",
-    "RecordedSession",
-    "SCREENING_TOLERANCES",
-    "benchmark_collective_choices",
-    "candidate_names",
-    "choices_identity",
-    "collective_candidates",
-    "collective_group_name",
-    "device_of",
-    "pick_winner",
-    "recorded_sessions",
-    "replay_sessions",
-    "resolve_group",
     "sync_with_timeout",
-    "time_runs",
     "try_collective_benchmark_with_timeout",
 ]
 
 log = logging.getLogger(__name__)
 decision_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectiveBenchmarkConfig:
-    """How a session benchmarks; every rank of the group must use equal values."""
-
-    timeout: timedelta = timedelta(seconds=30)
-    """Bound of every collective step, and how long a member may show no heartbeat."""
-
-    nwarmup: int = 5
-    """Untimed runs per candidate (at least one: its output is screened)."""
-
-    nruns: int = 50
-    """Timed runs per candidate, interleaved with the op's other candidates."""
-
-    retries: int = 0
-    """How many times a candidate whose round timed out is run again."""
-
-    tie_tolerance: float = 0.02
-    """Relative gap to the fastest within which candidates count as tied."""
-
-    screen: bool = True
-    """Compare each candidate's first output with the default's."""
-
-    max_wait: timedelta = timedelta(minutes=10)
-    """How long a member that is alive (its heartbeat advances) is waited for."""
-
-    confidence: float = 0.95
-    """How sure a session must be that a candidate beats the default before replacing it."""
-
-    allow_gloo_overlap: bool = False
-    """Let candidates that keep several collectives in flight on one gloo group compete."""
-
-    def __post_init__(self) -> None:
-        if self.nruns < 1:
-            raise ValueError(f"nruns must be >= 1, got {self.nruns}")
-        if self.nwarmup < 0 or self.retries < 0 or self.tie_tolerance < 0:
-            raise ValueError(f"nwarmup, retries and tie_tolerance must be >= 0: {self}")
-        if self.timeout <= timedelta(0):
-            raise ValueError(f"timeout must be positive, got {self.timeout}")
-        if self.max_wait < self.timeout:
-            raise ValueError(
-                f"max_wait ({self.max_wait}) must be at least the timeout ({self.timeout})"
-            )
-        if not 0.5 <= self.confidence < 1.0:
-            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
-
-    @classmethod
-    def from_inductor_config(cls) -> CollectiveBenchmarkConfig:
-        """The values set in ``torch._inductor.config``."""
-        from torch._inductor import config
-
-        timeout = timedelta(seconds=config.collective_benchmark_timeout)
-        return cls(
-            timeout=timeout,
-            nwarmup=config.inductor_default_autotune_warmup,
-            nruns=config.collective_benchmark_nruns,
-            retries=config.collective_benchmark_retries,
-            tie_tolerance=config.collective_benchmark_tie_tolerance,
-            screen=config.collective_benchmark_screen_results,
-            max_wait=max(
-                timedelta(seconds=config.collective_benchmark_max_wait), timeout
-            ),
-            confidence=config.collective_benchmark_confidence,
-            allow_gloo_overlap=config.collective_benchmark_allow_gloo_overlap,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class Candidate:
-    """One implementation to benchmark.
-
-    ``fn`` runs the implementation once on fixed inputs and returns its output
-    (a tensor, or a sequence whose first tensor is the output).  ``prepare``
-    does the candidate's local one-time work (compilation): it runs on every
-    rank after the join, only when the group benchmarks the op, and before a
-    rendezvous, so that its duration, which differs between ranks, is not
-    charged to a bounded collective step.  It may leave work running (kernel
-    builds) and return a callable that waits for it: every candidate's
-    ``prepare`` is called before any of these callables, so that the work
-    of all candidates overlaps.  ``signature``
-    describes the collectives ``fn`` issues (see ``collective_signature``):
-    a candidate whose signature is not the same on every member is
-    disqualified at the join, without running.  ``in_flight`` is the most
-    collectives ``fn`` keeps in flight at once on one group (part of the
-    signature; see "Memory safety on gloo" in the module docstring).
-    """
-
-    name: str
-    fn: Callable[[], Any]
-    is_default: bool = False
-    prepare: Callable[[], Any] | None = None
-    signature: str = ""
-    in_flight: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class OpToTune:
-    """The candidates of one autotuned op, and keys that identify the op.
-
-    ``key`` describes the op (its name and input shapes) compactly; members
-    of the group whose keys or candidate names differ are not tuning the same
-    op, and the session fails on every member instead of pairing the wrong
-    rounds.
-
-    ``memo_key`` says what makes two ops' measurements interchangeable (what
-    the candidates compute, on which input layouts, and what each is timed
-    with); it may differ between ranks (a rank-dependent constant in a
-    candidate's code).  Agreed decisions are remembered by it, in the
-    process and in Inductor's cache directory; an op that any member of the
-    group remembers is adopted by every member without benchmarking (see
-    :meth:`CollectiveBenchmarker.run_batch`).  ``None``: never remembered.
-    """
-
-    key: str
-    candidates: Sequence[Candidate]
-    memo_key: str | None = None
 
 
 class CollectiveBenchmarker:
@@ -465,7 +290,7 @@ class CollectiveBenchmarker:
         stats = counters["collective_autotuning"]
         stats["ops"] += len(joined.to_run)
         stats["recalled"] += len(ops) - len(joined.to_run)
-        # float seconds in Dynamo's int-typed counters: see collective_timing.timed
+        # float seconds in Dynamo's int-typed counters: see timing.timed
         stats["prepare_s"] += compiled - prepared  # type: ignore[assignment]
         # The session besides compiling: joins, runs and agreements.
         session_s = time.perf_counter() - started - (compiled - prepared)
@@ -480,10 +305,6 @@ class CollectiveBenchmarker:
         member); the settings that change a decision (the timeouts only
         change when a member is given up on).
         """
-        from torch._inductor.kernel.custom_op_fingerprint import (
-            process_group_topology,
-        )
-
         config = self.config
         settings = (
             config.nwarmup,
@@ -580,7 +401,7 @@ class CollectiveBenchmarker:
 
 def _twin(first: Candidate) -> Candidate | None:
     # The default timed a second time in every iteration: the noise floor
-    # of do-no-harm (collective_decisions.noise_floor).
+    # of do-no-harm (decisions.noise_floor).
     if not first.is_default:
         return None
     return Candidate(f"{first.name} (again)", first.fn, signature=first.signature)
@@ -593,7 +414,7 @@ def sync_with_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> No
     Every rank of ``group`` must call it.  Returns once all ranks arrived;
     raises :class:`CollectiveBenchmarkTimeout` when they did not within
     ``timeout`` (after which a gloo group cannot be used again; see
-    ``collective_channels.py``).
+    ``channels.py``).
     """
     work = dist.barrier(group=group, async_op=True)
     try:

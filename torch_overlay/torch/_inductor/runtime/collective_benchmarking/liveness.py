@@ -1,6 +1,6 @@
 """Liveness of the members of collective benchmarking: heartbeats over the store.
 
-Agreement over the store (``collective_control.py``) has to tell a member
+Agreement over the store (``control.py``) has to tell a member
 that is late from one that is lost, without a fixed timeout that either
 gives up on a slow compile or waits forever for a dead process.  It asks
 this module: every process tells its peers, through the store, that it is
@@ -30,8 +30,9 @@ member that was woken and does not beat within a timeout is dead or wedged.
 The same thread reads the status of the member each open session observes
 (its ring successor) once per beat interval, and, while the main thread
 waits in a rendezvous (a :class:`Watch`), has the rendezvous apply its
-liveness rules to what it read (``ControlStore.check``): the rules and the
-verdict belong to the agreement, the reading and the beating to this module.
+liveness rules to what it read (``Watch.check``): the rules and the verdict
+belong to the agreement (``control.py``), the reading and the beating to
+this module, which imports nothing of the agreement.
 
 Shutdown.  Both threads are daemons, and the listener spends its life inside a
 C++ call (the store's ``wait``), with the GIL released.  A daemon thread that
@@ -64,7 +65,7 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from .collective_store import (
+from .store import (
     _default_store,
     _VERDICT_PREFIX,
     status_key,
@@ -75,8 +76,6 @@ from .collective_store import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-
-    from .collective_control import ControlStore
 
 
 __all__ = ["Liveness", "MemberStatus", "Watch", "beat_interval", "ensure_heartbeat"]
@@ -207,7 +206,7 @@ def _join(thread: threading.Thread) -> bool:
 class Watch:
     """A rendezvous that the main thread waits in, and the member its liveness thread watches."""
 
-    control: ControlStore
+    check: Callable[[StoreClient, Watch], None]  # the rendezvous's liveness rules
     tag: str
     what: str
     successor: int  # group rank of the watched member
@@ -488,7 +487,7 @@ class Liveness:
                 for member in observed:
                     self._observe(client, member)
                 for watch in watches:
-                    watch.control.check(client, watch)
+                    watch.check(client, watch)
             except Exception:  # the store went away: the process group was destroyed
                 log.debug("collective benchmarking liveness stopped", exc_info=True)
                 return

@@ -1,6 +1,6 @@
 """Replacing a deferred collective node by the operations of its agreed winner.
 
-Under the scheduler path (``collective_autotuning.py``), a collective custom
+Under the scheduler path (``deferral.py``), a collective custom
 op is lowered to an :class:`~torch._inductor.ir.CollectiveMultiTemplateBuffer`
 holding every choice; once its group has agreed on a winner, the node must
 become the winner's operations, as if the op had been lowered to them in the

@@ -1,6 +1,6 @@
 """The control plane of collective benchmarking: agreement over the store.
 
-``collective_benchmarking.py`` runs the protocol; this module holds what it
+``benchmarker.py`` runs the protocol; this module holds what it
 stands on when the data plane cannot be trusted.  One ``TCPStore`` serves
 every rank of a torchrun job, so what a rank asks of it is kept near zero:
 nothing while no session or compile that may tune is in flight, a handful of
@@ -8,9 +8,9 @@ requests per session, and requests that grow neither with the number of
 members nor with the time spent waiting for one of them.  The control plane
 is three modules, each depending only on the ones before it:
 
-* ``collective_store.py``: the connection to the store, which counts every
+* ``store.py``: the connection to the store, which counts every
   request, and the keys that liveness and agreement share;
-* ``collective_liveness.py``: every process's heartbeat, and what it reads
+* ``liveness.py``: every process's heartbeat, and what it reads
   of the member it watches (see its docstring);
 * this module: the session's rendezvous, and the rules by which a watching
   member gives up on the member a rendezvous waits for.
@@ -79,21 +79,16 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .collective_liveness import (
+from .liveness import (
     _liveness,
-    beat_interval,
-    ensure_heartbeat,
     Liveness,
     MemberStatus,
     Watch,
 )
-from .collective_store import (
+from .store import (
     _VERDICT_PREFIX,
     CollectiveBenchmarkError,
-    CollectiveBenchmarkTimeout,
     main_store_client,
-    STORE_PREFIX,
-    store_requests,
     StoreClient,
     wake_key,
 )
@@ -103,47 +98,11 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
 
-__all__ = [
-    "CollectiveBenchmarkError",
-    "CollectiveBenchmarkTimeout",
-    "ControlStore",
-    "Liveness",
-    "MemberStatus",
-    "STORE_PREFIX",
-    "StoreClient",
-    "beat_interval",
-    "ensure_heartbeat",
-    "main_store_client",
-    "resolve_group",
-    "store_requests",
-]
+__all__ = ["ControlStore"]
 
 # What a key posted to with ControlStore.post_same holds once members posted
 # different values: no member posts it (posted values are digests).
 _DIFFERENT = "|different"
-
-
-def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
-    """``group`` as a ``ProcessGroup`` (``None``: the default group, a str: by name).
-
-    Raises :class:`CollectiveBenchmarkError` when torch.distributed is not
-    initialized: collective autotuning needs every rank's process group.
-    """
-    if not dist.is_available() or not dist.is_initialized():
-        raise CollectiveBenchmarkError(
-            "collective autotuning needs an initialized default process group "
-            "(torch.distributed.init_process_group) on every rank"
-        )
-    if group is None:
-        world = dist.group.WORLD
-        if world is None:
-            raise CollectiveBenchmarkError("the default process group was destroyed")
-        return world
-    if isinstance(group, str):
-        return dist.distributed_c10d._resolve_process_group(
-            dist.distributed_c10d.GroupName(group)
-        )
-    return group
 
 
 # --- agreement ----------------------------------------------------------------------
@@ -235,7 +194,7 @@ class ControlStore:
             _finish(self.client, self.prefix, tag, "complete")
         else:
             watch = Watch(
-                self,
+                self._watcher.check,
                 tag,
                 what,
                 (self.rank + 1) % self.size,
@@ -341,17 +300,6 @@ class ControlStore:
     def fetch(self, name: str) -> str:
         """A value posted under ``name`` before a rendezvous that this member completed."""
         return self.client.get(self._key(name))
-
-    # The watcher's side (called from the liveness thread) --------------------------
-    def check(self, client: StoreClient, watch: Watch) -> None:
-        """Apply the liveness rules to the member that ``watch`` watches; maybe give the verdict."""
-        self._watcher.check(client, watch)
-
-    def give_up(
-        self, client: StoreClient, watch: Watch, reason: str, job: bool = False
-    ) -> None:
-        """Give ``watch``'s rendezvous the verdict that its watched member did not reach it."""
-        self._watcher.give_up(client, watch, reason, job)
 
 
 def _finish(client: StoreClient, prefix: str, tag: str, outcome: str) -> None:

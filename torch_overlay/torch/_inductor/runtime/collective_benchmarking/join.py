@@ -8,7 +8,7 @@ adopted from a member's memory, which candidates are disqualified before
 running) and whether it may go on at all.  It is also the step that an
 unhealthy job reaches first, so its error messages are the ones users read.
 It is kept apart from the session's sequencing
-(:class:`~torch._inductor.runtime.collective_benchmarking.CollectiveBenchmarker`)
+(:class:`~torch._inductor.runtime.collective_benchmarking.benchmarker.CollectiveBenchmarker`)
 so that its rules can be read, and simulated, on their own
 (``scripts/bench_collective_control.py`` runs it for a thousand simulated
 ranks without a process group).
@@ -27,7 +27,7 @@ collectives on different ranks, and is disqualified on every member without
 running, while the others still compete.
 
 Each member also claims, per op, the decision it remembers (see
-``collective_decision_cache.py``): the lowest-ranked claimant posts its
+``decision_cache.py``): the lowest-ranked claimant posts its
 decision, and an op that any member remembers is adopted by every member
 instead of being benchmarked.  Claims are read after the rendezvous, when
 every member has made its own.  And it posts a digest of its ops' memo keys
@@ -37,9 +37,10 @@ the same on every member, or holds rank-dependent constants (which slot is
 this rank's), in which case a cached program serves only the rank that
 compiled it.
 
-The functions take the session's benchmarker as ``member``: they read its
-group name, rank, size, configuration and ``decision_context()``, nothing
-else, so a stand-in holding those runs the real join.
+The functions take the session's member (:class:`~.types.Member`, which the
+benchmarker is): its group name, rank, size, configuration and
+``decision_context()``, nothing else, so a stand-in holding those runs the
+real join.
 """
 
 from __future__ import annotations
@@ -53,10 +54,8 @@ from typing import Any, TYPE_CHECKING
 
 from torch._dynamo.utils import counters
 
-from . import collective_decision_cache as decision_cache
-from .collective_choices import digest
-from .collective_control import CollectiveBenchmarkError
-from .collective_decisions import (
+from . import decision_cache
+from .decisions import (
     CandidateResult,
     CandidateStatus,
     CollectiveDecision,
@@ -64,14 +63,16 @@ from .collective_decisions import (
     decision_to_json,
     RankReport,
 )
-from .collective_timing import timed
+from .store import CollectiveBenchmarkError
+from .timing import timed
+from .types import digest
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .collective_benchmarking import Candidate, CollectiveBenchmarker, OpToTune
-    from .collective_control import ControlStore
+    from .control import ControlStore
+    from .types import Candidate, Member, OpToTune
 
 
 __all__ = ["Joined", "join", "op_identity"]
@@ -100,7 +101,7 @@ class Joined:
     same_code: bool = False
 
 
-def op_identity(member: CollectiveBenchmarker, op: OpToTune) -> str:
+def op_identity(member: Member, op: OpToTune) -> str:
     """What every member's op must share for one decision to serve them all.
 
     The candidates (by name, without the per-process counter that Inductor
@@ -117,7 +118,7 @@ def op_identity(member: CollectiveBenchmarker, op: OpToTune) -> str:
 
 
 def join(
-    member: CollectiveBenchmarker,
+    member: Member,
     control: ControlStore,
     ops: Sequence[OpToTune],
     ordered: Sequence[Sequence[Candidate]],
@@ -179,7 +180,7 @@ def join(
 
 
 def _reconcile(
-    member: CollectiveBenchmarker,
+    member: Member,
     control: ControlStore,
     ops: Sequence[OpToTune],
     ordered: Sequence[Sequence[Candidate]],
@@ -228,7 +229,7 @@ def _reconcile(
 
 
 def _raise_different_ops(
-    member: CollectiveBenchmarker, details: list[list[Any]], ops: Sequence[OpToTune]
+    member: Member, details: list[list[Any]], ops: Sequence[OpToTune]
 ) -> None:
     lists = [rank_detail[0] for rank_detail in details]
     mine = lists[member.rank]

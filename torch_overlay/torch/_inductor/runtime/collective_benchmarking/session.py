@@ -62,8 +62,7 @@ import torch.distributed as dist
 from torch._dispatch.python import no_python_dispatcher
 from torch._dynamo.utils import counters
 
-from .collective_control import CollectiveBenchmarkError
-from .collective_decisions import (
+from .decisions import (
     CandidateResult,
     CandidateStatus,
     earliest_failure,
@@ -72,15 +71,16 @@ from .collective_decisions import (
     outputs_match,
     RankReport,
 )
-from .collective_timing import CallFailed, time_calls, timed, wait_device
+from .store import CollectiveBenchmarkError
+from .timing import CallFailed, time_calls, timed, wait_device
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .collective_benchmarking import Candidate, CollectiveBenchmarkConfig
-    from .collective_channels import BenchmarkChannel
-    from .collective_control import ControlStore
+    from .channels import BenchmarkChannel
+    from .control import ControlStore
+    from .types import Candidate, CollectiveBenchmarkConfig
 
 
 __all__ = ["SessionRun", "classify"]
@@ -340,7 +340,7 @@ class SessionRun:
     ) -> dict[tuple[int, int], CandidateResult]:
         # On gloo, a candidate that keeps several collectives in flight on
         # the group is disqualified before it runs (see "Memory safety on
-        # gloo" in collective_benchmarking.py).  Every member decides alike:
+        # gloo" in benchmarker.py).  Every member decides alike:
         # in_flight is read from the candidate's graph and is part of its
         # signature, and the setting is part of the join's digest.
         if self.channel.backend != "gloo" or self.config.allow_gloo_overlap:

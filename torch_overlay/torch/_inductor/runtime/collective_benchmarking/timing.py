@@ -21,7 +21,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch._dynamo.utils import counters
 
-from .collective_control import CollectiveBenchmarkTimeout
+from .store import CollectiveBenchmarkTimeout
 
 
 if TYPE_CHECKING:

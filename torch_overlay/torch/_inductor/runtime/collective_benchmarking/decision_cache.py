@@ -1,4 +1,4 @@
-"""Agreed decisions remembered across compiles and processes, and cache hits that agree.
+"""Agreed decisions remembered, and the sessions each compiled program took part in.
 
 A collective autotuning decision is remembered under its op's ``memo_key``
 (what is measured: the candidates' code and input layouts, and what each is
@@ -28,40 +28,10 @@ designs keep a group together:
 
 A program that Inductor's FX graph or AOTAutograd cache returns carries the
 sessions its compile took part in (:class:`RecordedSession`, recorded by
-:func:`recorded_sessions`).  Before it runs, its rank takes part in the same
-sessions again (:func:`replay_sessions`) with the program's decisions, so
-that a rank that misses the cache and compiles meets, in the same join,
-every rank that hit it.  When the group agrees on the program's decisions it
-runs; when it agrees on others (another member's decision was claimed), the
-rank compiles the graph again and that compile adopts the agreed decisions
-without meeting the group a second time.  Graphs whose compile tuned no
-collective choice record no session and replay nothing: they pay no
-exchange.
-
-A rank on its way to a replay is waited for like any straggler: its
-heartbeat (``collective_liveness.py``) starts when the cache key of a graph
-that calls an op registered for autotuning is computed (``codecache``), so
-the ranks that compile see it alive while it looks the program up, fetches
-it from a remote cache and reloads its kernels.  Caches that a cluster
-shares make that skew the normal case: a remote lookup that fails is a
-miss on that rank alone, and another job may write an entry between two
-ranks' lookups.  A stored decision that cannot be read (torn by a crash, or
-by a writer on shared storage) is a miss, never an error.
-
-A cached program serves the process groups it was compiled for and, when
-its code depends on the rank, that rank only (:func:`serves_this_process`,
-which the FX graph cache applies to every entry under a key before using
-it).  The candidates are traced for their group's topology (a world size
-read while tracing is a constant of the program) and may read the rank
-(which slot or shard is this rank's).  The cache key covers the topology of
-the groups the candidates can reach by name
-(``custom_op_fingerprint.autotuning_process_groups``), not the rank, so that
-one program serves every rank of a job; a program records the topology of
-the groups its sessions ran on, and the rank it was compiled on when the
-join found the candidates' traced code different between members.  The
-ranks of a node sharing a cache directory then each find their own entry
-under the key of a program whose code depends on the rank, and share the
-entries of any other.
+:func:`recorded_sessions`); ``collective_autotuning/cache_hits.py`` replays them before
+the program runs, and hands the compile that replaces a program whose
+decisions the group did not agree on the decisions it did agree on
+(:func:`pre_agree`, :func:`take_pre_agreed`).
 """
 
 from __future__ import annotations
@@ -74,25 +44,25 @@ import os
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch._dynamo.utils import counters
 from torch._inductor.utils import clear_on_fresh_cache
 
-from .collective_choices import digest
-from .collective_decisions import (
+from .decisions import (
     CollectiveDecision,
     decision_from_json,
     decision_to_json,
 )
+from .groups import process_group_topology
+from .types import digest
 
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from .collective_benchmarking import CollectiveBenchmarker, OpToTune
+    from .types import Member, OpToTune
 
 
 __all__ = [
@@ -101,10 +71,9 @@ __all__ = [
     "decision_digest",
     "recall",
     "record",
+    "pre_agree",
     "recorded_sessions",
     "remember",
-    "replay_sessions",
-    "serves_this_process",
     "take_pre_agreed",
 ]
 
@@ -134,14 +103,12 @@ _pre_agreed: dict[tuple[str, str], CollectiveDecision] = {}
 _STORED_DECISION_FORMAT = 1
 
 
-def _memo_key(
-    benchmarker: CollectiveBenchmarker, op: OpToTune
-) -> tuple[str, ...] | None:
+def _memo_key(member: Member, op: OpToTune) -> tuple[str, ...] | None:
     if op.memo_key is None:
         return None
     # Names carry per-compile counters; the candidates' order and roles do not.
     return (
-        *benchmarker.decision_context(),
+        *member.decision_context(),
         f"{op.memo_key}|{[c.is_default for c in op.candidates]}",
     )
 
@@ -159,11 +126,9 @@ def _decision_file(key: tuple[str, ...]) -> Path | None:
     return Path(cache_dir()) / "collective_decisions" / f"{name}.json"
 
 
-def recall(
-    benchmarker: CollectiveBenchmarker, op: OpToTune
-) -> CollectiveDecision | None:
+def recall(member: Member, op: OpToTune) -> CollectiveDecision | None:
     """The decision this rank remembers for ``op`` (in memory, then on disk), if any."""
-    key = _memo_key(benchmarker, op)
+    key = _memo_key(member, op)
     if key is None:
         return None
     if key not in _remembered:
@@ -183,11 +148,9 @@ def recall(
     return _remembered.get(key)
 
 
-def remember(
-    benchmarker: CollectiveBenchmarker, op: OpToTune, decision: CollectiveDecision
-) -> None:
+def remember(member: Member, op: OpToTune, decision: CollectiveDecision) -> None:
     """Remember the group's ``decision`` for ``op``, in the process and on disk."""
-    key = _memo_key(benchmarker, op)
+    key = _memo_key(member, op)
     if key is None or _remembered.get(key) == decision:
         return
     _remembered[key] = decision
@@ -201,6 +164,12 @@ def remember(
         partial = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
         partial.write_text(decision_to_json(decision))
         os.replace(partial, path)
+
+
+def pre_agree(group_name: str, op_key: str, decision: CollectiveDecision) -> None:
+    """Hand ``decision``, agreed by ``group_name`` for ``op_key`` in a replay, to
+    the compile that replaces the replayed program (:func:`take_pre_agreed`)."""
+    _pre_agreed[(group_name, op_key)] = decision
 
 
 def take_pre_agreed(
@@ -297,7 +266,7 @@ def recorded_sessions() -> Iterator[list[RecordedSession]]:
 
 
 def record(
-    benchmarker: CollectiveBenchmarker,
+    member: Member,
     ops: Sequence[OpToTune],
     decisions: Sequence[CollectiveDecision],
     same_code: bool,
@@ -309,8 +278,6 @@ def record(
     default (the op itself, the same code everywhere), the program serves
     this rank only.
     """
-    from torch._inductor.kernel.custom_op_fingerprint import process_group_topology
-
     sessions = _recording.get()
     if sessions is None:
         return
@@ -329,94 +296,11 @@ def record(
     )
     sessions.append(
         RecordedSession(
-            benchmarker.group_name,
-            benchmarker.device.type,
+            member.group_name,
+            member.device.type,
             described,
             tuple(decisions),
-            process_group_topology(benchmarker.group),
+            process_group_topology(member.group),
             None if same_code or not inlines_a_decomposition else dist.get_rank(),
         )
     )
-
-
-def serves_this_process(sessions: Sequence[RecordedSession]) -> bool:
-    """Whether a cached program that took part in ``sessions`` may run in this process.
-
-    True when every session's group exists here with the topology (name,
-    size, global ranks) it had when the program was compiled, and the
-    program was compiled on this global rank or serves every rank.  Local:
-    no rank waits for another; every member of a group answers alike for
-    the topology, and a program compiled for another rank is only passed
-    over (the rank compiles its own, or finds it under the same key).
-    """
-    from torch._inductor.kernel.custom_op_fingerprint import process_group_topology
-
-    from .collective_control import resolve_group
-
-    if not dist.is_available() or not dist.is_initialized():
-        return False
-    for session in sessions:
-        if session.rank is not None and session.rank != dist.get_rank():
-            return False
-        try:
-            group = resolve_group(session.group_name)
-        except (KeyError, RuntimeError):
-            return False  # the group does not exist in this job
-        if process_group_topology(group) != session.topology:
-            return False
-    return True
-
-
-def _never_run() -> Any:
-    raise AssertionError("a replayed session does not run candidates")
-
-
-def replay_sessions(sessions: Sequence[RecordedSession]) -> bool:
-    """Take part, with a cached program's decisions, in the agreements its compile took part in.
-
-    Every rank of each recorded session's group must reach the same session:
-    the ranks that compile the program again reach it while compiling, the
-    ranks that take it from a cache reach it here.  Returns True when every
-    group agreed on the program's decisions (the cached program can run);
-    False when a group agreed on other decisions (another member's): this
-    rank must then compile the program again, and that compile adopts the
-    agreed decisions without meeting its group again.  Raises
-    ``CollectiveBenchmarkError`` as a session does.
-    """
-    from .collective_benchmarking import (
-        Candidate,
-        CollectiveBenchmarkConfig,
-        CollectiveBenchmarker,
-        OpToTune,
-    )
-
-    config = CollectiveBenchmarkConfig.from_inductor_config()
-    agreed: list[tuple[str, list[OpToTune], list[CollectiveDecision]]] = []
-    consistent = True
-    for session in sessions:
-        ops = [
-            OpToTune(
-                key,
-                [
-                    Candidate(name, _never_run, is_default, signature=signature)
-                    for name, is_default, signature in candidates
-                ],
-                memo_key,
-            )
-            for key, candidates, memo_key in session.ops
-        ]
-        benchmarker = CollectiveBenchmarker(
-            session.group_name, config, torch.device(session.device_type)
-        )
-        decisions = benchmarker.run_batch(ops, known=session.decisions)
-        consistent = consistent and all(
-            decision_digest(mine) == decision_digest(group)
-            for mine, group in zip(session.decisions, decisions, strict=True)
-        )
-        agreed.append((session.group_name, ops, decisions))
-    if not consistent:
-        for group_name, ops, decisions in agreed:
-            for op, decision in zip(ops, decisions, strict=True):
-                _pre_agreed[(group_name, op.key)] = decision
-    counters["collective_autotuning"]["replayed_sessions"] += len(sessions)
-    return consistent

@@ -24,7 +24,7 @@ A gloo channel has gloo's two worker threads, as the job's groups have: with
 one, a small collective took 2 to 4 times as long here (two ranks, 240
 floats), which would time candidates on another footing than the program.
 Two threads can run two collectives of the group at once, which is unsafe on
-gloo (see "Memory safety on gloo" in ``collective_benchmarking.py``): a
+gloo (see "Memory safety on gloo" in ``benchmarker.py``): a
 candidate that keeps several in flight never runs on a gloo channel unless
 ``collective_benchmark_allow_gloo_overlap`` is set, and the protocol issues
 its own collectives one at a time.
@@ -36,7 +36,7 @@ built it, the last one deletes the rendezvous keys it used from the store
 Collectives an implementation issues through a ``ProcessGroup`` object it
 captured (rather than through a group name) run on that group, not on the
 channel: the protocol cannot fail them by dropping the channel (see the
-liveness rules in ``collective_control.py``).
+liveness rules in ``control.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from .collective_control import (
+from .store import (
     CollectiveBenchmarkError,
     CollectiveBenchmarkTimeout,
     main_store_client,

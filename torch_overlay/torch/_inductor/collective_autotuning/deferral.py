@@ -5,7 +5,7 @@ Two paths
 A custom op registered with ``register_custom_op_autotuning`` is tuned when
 Inductor lowers it.  When its implementations contain collectives, every rank
 of the op's process group must benchmark them together and pick the same one
-(see ``torch/_inductor/runtime/collective_benchmarking.py`` for the protocol).
+(see ``torch/_inductor/runtime/collective_benchmarking/benchmarker.py`` for the protocol).
 Inductor can do this at two points:
 
 * **At lowering (V1).**  ``select_algorithm`` benchmarks the op on the spot, in
@@ -19,13 +19,13 @@ Inductor can do this at two points:
   collects these nodes, runs one session per process group (one pre-sync,
   which also checks that every rank holds the same ordered list of nodes), and
   benchmarks the group's nodes as one batch.  Where the candidates' tails
-  meet the node's pointwise *epilogue* (``collective_epilogue.py``: the
+  meet the node's pointwise *epilogue* (``epilogue.py``: the
   chain of pointwise single users that follows it in the graph) differently,
   some fusing with it and others not, each candidate is timed together with
   it, so that a candidate whose tail fuses with it is timed fused; otherwise
   the epilogue cannot change their order, and they are timed alone, as V1
   times them.  The winner's graph is then inlined in place of the node
-  (``collective_inlining.py``), and ordinary fusion fuses its tail with the
+  (``inlining.py``), and ordinary fusion fuses its tail with the
   epilogue.
 
 ``torch._inductor.config.defer_collective_autotuning`` (env
@@ -117,21 +117,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch._dynamo.utils import counters
 from torch._inductor import config, ir
-from torch._inductor.collective_epilogue import (
-    Epilogue,
-    epilogue_to_time_with,
-    time_with_epilogue,
-)
-from torch._inductor.collective_inlining import inline_winners, splice
-from torch._inductor.runtime.collective_benchmarking import (
-    Candidate,
-    CollectiveBenchmarkConfig,
-    CollectiveBenchmarker,
-    CollectiveDecision,
-    OpToTune,
-    resolve_group,
-)
-from torch._inductor.runtime.collective_choices import (
+from torch._inductor.collective_autotuning.choices import (
     AgreedTimings,
     candidate_names,
     choices_identity,
@@ -140,7 +126,22 @@ from torch._inductor.runtime.collective_choices import (
     collective_signature,
     collectives_in_flight,
 )
-from torch._inductor.runtime.collective_control import ensure_heartbeat
+from torch._inductor.collective_autotuning.epilogue import (
+    Epilogue,
+    epilogue_to_time_with,
+    time_with_epilogue,
+)
+from torch._inductor.collective_autotuning.inlining import inline_winners, splice
+from torch._inductor.runtime.collective_benchmarking.benchmarker import (
+    CollectiveBenchmarker,
+)
+from torch._inductor.runtime.collective_benchmarking.groups import resolve_group
+from torch._inductor.runtime.collective_benchmarking.liveness import ensure_heartbeat
+from torch._inductor.runtime.collective_benchmarking.types import (
+    Candidate,
+    CollectiveBenchmarkConfig,
+    OpToTune,
+)
 from torch._inductor.virtualized import V
 
 
@@ -148,6 +149,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from torch._inductor.kernel.custom_op import RangeBounds
+    from torch._inductor.runtime.collective_benchmarking.decisions import (
+        CollectiveDecision,
+    )
 
 
 __all__ = [

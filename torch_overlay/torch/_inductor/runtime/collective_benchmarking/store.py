@@ -1,6 +1,6 @@
 """The job's store as the control plane of collective benchmarking sees it.
 
-Liveness (``collective_liveness.py``) and agreement (``collective_control.py``)
+Liveness (``liveness.py``) and agreement (``control.py``)
 both talk to the one ``TCPStore`` that serves every rank of a torchrun job,
 so what they ask of it is kept near zero and counted in one place
 (:data:`store_requests`), and blocking waits happen on connections of their

@@ -1,6 +1,6 @@
 """The pointwise epilogue a deferred collective choice is timed with.
 
-Under the scheduler path (``collective_autotuning.py``), the candidates of a
+Under the scheduler path (``deferral.py``), the candidates of a
 collective custom op can be timed together with the op's *epilogue*: the
 chain of pointwise single users that follows the op in the post-grad graph.
 A candidate whose tail may fuse with it (generated code: a pointwise op, a
@@ -32,11 +32,11 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor import config, ir
-from torch._inductor.runtime.collective_choices import (
+from torch._inductor.collective_autotuning.choices import (
     compile_in_background,
     is_collective,
 )
-from torch._inductor.runtime.collective_decisions import first_tensor
+from torch._inductor.runtime.collective_benchmarking.decisions import first_tensor
 from torch._inductor.utils import convert_shape_to_inductor
 from torch._inductor.virtualized import V
 
@@ -44,7 +44,7 @@ from torch._inductor.virtualized import V
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-    from torch._inductor.runtime.collective_benchmarking import Candidate
+    from torch._inductor.runtime.collective_benchmarking.types import Candidate
 
 
 __all__ = [

@@ -1,0 +1,16 @@
+"""Collective autotuning in Inductor: its choices benchmarked by every rank alike.
+
+The adapters between Inductor and the protocol of
+``torch/_inductor/runtime/collective_benchmarking/``, which never imports
+them.  Its modules, from the bottom up; each imports only the protocol and
+modules listed before it:
+
+* ``choices.py``: Inductor's choices as candidates, and V1's entry point, which
+  ``select_algorithm`` calls while it lowers an op;
+* ``inlining.py``: a V2 node replaced by its winner's graph;
+* ``epilogue.py``: V2's timing of a candidate together with its pointwise epilogue;
+* ``deferral.py``: V2: an op's choices deferred to the scheduler, and tuned there
+  per group and graph;
+* ``cache_hits.py``: cached programs that replay the sessions their compile took part
+  in, so that every rank agrees on a cache hit.
+"""

@@ -1,0 +1,30 @@
+"""Rank-consistent benchmarking of autotuning choices that contain collectives.
+
+The protocol by which every rank of a process group benchmarks the same
+candidates in lock-step, agrees on their timings and leaves with the same
+decision, on any device and backend.  It reads no Inductor IR; Inductor's
+adapters (``torch/_inductor/collective_autotuning/``) sit on top of it.
+``benchmarker.py`` documents the protocol.  Its modules, from the bottom up;
+each imports only modules listed before it:
+
+* ``types.py``: the values the layers pass to one another: an op to tune, its
+  candidates, the configuration;
+* ``decisions.py``: what a decision is made of, and the rules that make it: pure
+  functions of what the members agreed on;
+* ``store.py``: the control plane's counted connection to the job's store, its
+  keys, and the errors every layer raises;
+* ``groups.py``: the process group an op names, and its topology;
+* ``timing.py``: device-agnostic timing;
+* ``liveness.py``: every process's heartbeat in the store, and its watch over the
+  member a rendezvous waits for;
+* ``channels.py``: the private process groups candidates run on;
+* ``decision_cache.py``: decisions remembered across compiles and processes, and
+  the sessions a compiled program took part in;
+* ``control.py``: agreement over the job's store: a session's rendezvous, and when
+  a member is given up on;
+* ``join.py``: the pre-sync, which agrees on what a session benchmarks;
+* ``session.py``: warmups, interleaved timed runs, exchange, commit, failure
+  agreements;
+* ``benchmarker.py``: the orchestrator, a session from the join to the decision
+  (``CollectiveBenchmarker``), and the module that documents the protocol.
+"""
