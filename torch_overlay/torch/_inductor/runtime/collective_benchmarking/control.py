@@ -15,8 +15,8 @@ is three modules, each depending only on the ones before it:
 * this module: the session's rendezvous, and the rules by which a watching
   member gives up on the member a rendezvous waits for.
 
-What the rest of the protocol uses of the first two is re-exported here, so
-that it imports the control plane from one module.
+The rest of the protocol imports what it uses of each from the module that
+defines it.
 
 Agreement
 ---------
