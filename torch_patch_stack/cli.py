@@ -10,8 +10,7 @@ Commands (run ``--help`` on each for options):
   export        write the queue's commits back to patches/ (and its base to series
                 and requirements.txt)
   sizes         each patch's changed lines as the queue has them; fails on a
-                patch over 800 lines that scripts/patch-size-exempt.txt does
-                not exempt
+                patch over 800 lines
   rebase        replay the queue onto another torch release (three-way merges;
                 --continue / --abort after a conflict)
   build         build the patched wheel from the official wheel (--upto: a prefix)
@@ -157,16 +156,8 @@ def cmd_check(args, layout: Layout) -> int:
 
 
 def cmd_sizes(args, layout: Layout) -> int:
-    exempt_path = Path(args.exempt) if args.exempt else layout.root / sizes.EXEMPT_FILE
-    shown = (
-        exempt_path.relative_to(layout.root).as_posix()
-        if exempt_path.is_relative_to(layout.root)
-        else str(exempt_path)
-    )
     table, problems = sizes.report(
         sizes.measure(series.read_series(layout.patches), layout.overlay),
-        sizes.read_exempt(exempt_path),
-        shown,
         args.limit,
     )
     print("\n".join(table))
@@ -417,15 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes_cmd = commands.add_parser(
         "sizes",
         help="each patch's changed lines (introduced modules, diff +/-); "
-        f"fails on a patch over {sizes.LIMIT} lines not exempted",
+        f"fails on a patch over {sizes.LIMIT} lines",
         description=sizes.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sizes_cmd.add_argument("--limit", type=int, default=sizes.LIMIT)
-    sizes_cmd.add_argument(
-        "--exempt",
-        help=f"the patches exempt from the limit (default: {sizes.EXEMPT_FILE})",
-    )
     sizes_cmd.set_defaults(run=cmd_sizes)
 
     queue_cmd = commands.add_parser("queue", help="materialize the patch queue")

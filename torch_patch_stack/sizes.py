@@ -10,12 +10,8 @@ part of patches.  So the size of a patch is what ``git show --stat`` of its
 queue commit counts, without building the queue (no wheel is needed).
 
 A patch over the limit (:data:`LIMIT`, 800 lines: issue 32, one upstream PR
-a maintainer can review) fails ``sizes`` unless the exemption file
-(:data:`EXEMPT_FILE`) names it, one patch file name per line, ``#``
-comments and blank lines ignored.  The file lists the patches that were over
-the limit when the check came in; issue 32's re-cut removes it (a missing
-file exempts nothing).  It can only shrink: an entry that names no patch of
-the series, or a patch now within the limit, fails the check too.
+a maintainer can review) fails ``sizes``.  There are no exemptions: cut the
+patch.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ if TYPE_CHECKING:
     from . import series as series_mod
 
 LIMIT = 800
-EXEMPT_FILE = "scripts/patch-size-exempt.txt"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,26 +72,12 @@ def measure(patches: list[series_mod.Patch], overlay_dir: Path) -> list[PatchSiz
     return sizes
 
 
-def read_exempt(path: Path) -> list[str]:
-    """The patch file names the exemption file lists (none when it does not exist)."""
-    if not path.is_file():
-        return []
-    return [
-        entry
-        for line in path.read_text().splitlines()
-        if (entry := line.split("#", 1)[0].strip())
-    ]
-
-
 def _shorten(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def report(
-    sizes: list[PatchSize], exempt: list[str], exempt_name: str, limit: int = LIMIT
-) -> tuple[list[str], list[str]]:
+def report(sizes: list[PatchSize], limit: int = LIMIT) -> tuple[list[str], list[str]]:
     """The table (its lines) and the problems that fail the check."""
-    by_name = {size.file_name: size for size in sizes}
     lines = [
         f"{'patch':<5}  {'subject':<52}  {'modules':>7}  {'+':>5}  {'-':>5}  "
         f"{'total':>6}"
@@ -106,11 +87,7 @@ def report(
         mark = ""
         if size.total > limit:
             over.append(size)
-            mark = (
-                f"  > {limit} (exempt)"
-                if size.file_name in exempt
-                else f"  > {limit} FAILED"
-            )
+            mark = f"  > {limit} FAILED"
         lines.append(
             f"{size.number:<5}  {_shorten(size.subject, 52):<52}  "
             f"{size.introduced:>7}  {size.added:>5}  {size.removed:>5}  "
@@ -125,23 +102,8 @@ def report(
         f"{size.file_name} changes {size.total} lines, over the limit of {limit}: "
         "cut it into patches of at most that"
         for size in over
-        if size.file_name not in exempt
     ]
-    for entry in exempt:
-        if entry not in by_name:
-            problems.append(
-                f"{exempt_name} names {entry}, which is no patch of the series: "
-                "delete the line"
-            )
-        elif by_name[entry].total <= limit:
-            problems.append(
-                f"{exempt_name} exempts {entry}, which changes "
-                f"{by_name[entry].total} lines, within the limit of {limit}: "
-                "delete the line"
-            )
-    exempted = [size.number for size in over if size.file_name in exempt]
     lines.append(
         f"patchstack sizes: {len(sizes)} patches, {len(over)} over {limit} lines"
-        + (f" ({', '.join(exempted)} exempt in {exempt_name})" if exempted else "")
     )
     return lines, problems

@@ -781,6 +781,10 @@ class KilledRankTests(AutotuningTestMixin):
     KILLS_A_RANK = ("test_killed_rank_is_reported_by_every_healthy_rank",)
 
     def test_killed_rank_is_reported_by_every_healthy_rank(self):
+        if self.world_size == 3:
+            raise unittest.SkipTest(
+                "2 and 4 ranks name the killed rank alike; keeps CI short"
+            )
         device = self._init_rank()
         last = self.world_size - 1
         FAULTS["doomed"] = Fault("kill", [last], call=NWARMUP + 1)

@@ -5,10 +5,9 @@ fixture) plus a second patch that changes the first one's overlay module and
 removes an upstream line: a patch counts its introduced modules as of that
 patch, not as ``torch_overlay/`` has them after the last one, plus its
 diff's added and removed lines, which is what ``git`` counts in the queue's
-commit of the patch.  Then the limit: a patch over it fails unless the
-exemption file names it, and an exemption for a patch within the limit, or
-for no patch, fails too.  The last test runs ``sizes`` on this repository,
-as ``.ci/run`` does.
+commit of the patch.  Then the limit: a patch over it fails, with no
+exemptions.  The last test runs ``sizes`` on this repository, as ``.ci/run``
+does.
 """
 
 from __future__ import annotations
@@ -72,8 +71,8 @@ def test_sizes_count_what_the_queue_commits(two_patches, capsys):
     assert changed == [3, 2]
 
 
-def test_a_patch_over_the_limit_fails_unless_exempt(two_patches, capsys):
-    repo, run, _ = two_patches
+def test_a_patch_over_the_limit_fails(two_patches, capsys):
+    _, run, _ = two_patches
     assert run("sizes", "--limit", "2") == 1
     out, err = capsys.readouterr()
     assert out.splitlines()[1:] == [
@@ -87,42 +86,8 @@ def test_a_patch_over_the_limit_fails_unless_exempt(two_patches, capsys):
         "0001-change-line-twenty.patch changes 3 lines, over the limit of 2: "
         "cut it into patches of at most that",
     ]
-    exempt = repo / "scripts" / "patch-size-exempt.txt"
-    exempt.parent.mkdir()
-    exempt.write_text("# over the limit today\n0001-change-line-twenty.patch  # 3\n")
-    assert run("sizes", "--limit", "2") == 0
-    out, err = capsys.readouterr()
-    assert out.splitlines()[1] == (
-        "0001   [inductor] Change line twenty                               1      1"
-        "      1       3  > 2 (exempt)"
-    )
-    assert out.splitlines()[-1] == (
-        "patchstack sizes: 2 patches, 1 over 2 lines "
-        "(0001 exempt in scripts/patch-size-exempt.txt)"
-    )
-    assert err == ""
 
 
-def test_an_exemption_within_the_limit_or_of_no_patch_fails(
-    two_patches, tmp_path, capsys
-):
-    repo, run, _ = two_patches
-    exempt = tmp_path / "exempt.txt"
-    exempt.write_text(
-        "0001-change-line-twenty.patch\n"
-        "0002-extend-the-new-module-drop-line-30.patch\n"
-        "0003-gone.patch\n"
-    )
-    assert run("sizes", "--limit", "2", "--exempt", str(exempt)) == 1
-    assert capsys.readouterr().err.splitlines() == [
-        "patchstack sizes: FAILED",
-        f"{exempt} exempts 0002-extend-the-new-module-drop-line-30.patch, which "
-        "changes 2 lines, within the limit of 2: delete the line",
-        f"{exempt} names 0003-gone.patch, which is no patch of the series: "
-        "delete the line",
-    ]
-
-
-def test_real_series_sizes_pass_with_their_exemptions(capsys):
+def test_real_series_sizes_pass(capsys):
     assert cli.main(["--repo", str(REPO), "sizes"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == HEAD

@@ -4,8 +4,7 @@ The protocol by which every rank of a process group benchmarks the same
 candidates in lock-step, agrees on their timings and leaves with the same
 decision, on any device and backend.  It reads no Inductor IR; Inductor's
 adapters (``torch/_inductor/collective_autotuning/``) sit on top of it.
-``benchmarker.py`` documents the protocol.  Its modules, from the bottom up;
-each imports only modules listed before it:
+Its modules, from the bottom up; each imports only modules listed before it:
 
 * ``types.py``: the values the layers pass to one another: an op to tune, its
   candidates, the configuration;

@@ -1,0 +1,140 @@
+"""Inductor's choices as collective candidates: what select_algorithm reads back.
+
+What this checks:
+
+* ``AgreedTimings.agreed_choice``: the choice that runs is the decision's
+  winner (never re-picked on the medians), after ``min_speedup_threshold``;
+  a disqualified default is no fallback for the threshold; when nothing
+  qualified the default runs; a rank-local ``override_best_choice`` cannot
+  change the winner.
+* ``collective_group_name``: the process group is read from the candidates'
+  graphs, and candidates on different groups are an error.
+
+No process group is needed: the choices are stand-ins with a name and a graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch._inductor.choices import InductorChoices
+from torch._inductor.collective_autotuning.choices import (
+    AgreedTimings,
+    collective_group_name,
+)
+from torch._inductor.runtime.collective_benchmarking import (
+    decisions as cd,
+    store as cs,
+)
+from torch._inductor.virtualized import V
+from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+OK, RAISED = cd.CandidateStatus.OK, cd.CandidateStatus.RAISED
+
+
+def result(name: str, runs: list[float], status=OK) -> cd.CandidateResult:
+    return cd.CandidateResult(name, (cd.RankReport(status, tuple(runs)),))
+
+
+class FakeChoice:
+    """What the collective rules read from a ChoiceCaller: a name, and a graph unless it is the default."""
+
+    def __init__(self, name, gm=None):
+        self.name, self.gm = name, gm
+
+
+class TestAgreedChoice(TestCase):
+    """The winner comes from the group's decision only, whatever the medians say."""
+
+    def agreed(self, decision_winner, times, reason="fastest"):
+        # Choices in registration order, the default (the eager op) last, as
+        # Inductor lists them; the decision's results put the default first.
+        choices = [FakeChoice("first"), FakeChoice("second"), FakeChoice("default")]
+        names = [("0:first", False), ("1:second", False), ("2:default", True)]
+        results = tuple(
+            result(name, [time] * 5)
+            if math.isfinite(time)
+            else result(name, [], RAISED)
+            for (name, _), time in zip(names, times, strict=True)
+        )
+        decision = cd.CollectiveDecision("0", results, decision_winner, reason)
+        return choices, AgreedTimings(choices, names, decision)
+
+    def test_the_decision_not_the_medians_names_the_winner(self):
+        # "first" is the fastest at the median, but the decision (the sign
+        # test or the noise floor) kept the default: the default runs.
+        choices, timings = self.agreed(
+            "2:default", [1.0, 2.0, 4.0], "the default stays"
+        )
+        self.assertIs(timings.agreed_choice(), choices[2])
+        self.assertEqual(
+            dict(timings), dict(zip(choices, [1.0, 2.0, 4.0], strict=True))
+        )
+
+    def test_min_speedup_threshold_applies_to_the_agreed_medians(self):
+        choices, timings = self.agreed("0:first", [2.0, 3.0, 3.0])
+        self.assertIs(timings.agreed_choice(), choices[0])
+        self.assertIs(timings.agreed_choice(min_speedup_threshold=1.4), choices[0])
+        self.assertIs(timings.agreed_choice(min_speedup_threshold=1.6), choices[2])
+        threshold = cd.apply_speedup_threshold(timings.decision, "2:default", 1.6)
+        self.assertEqual(threshold.winner, "2:default")
+        self.assertIn("1.50x faster, below min_speedup_threshold=1.6", threshold.reason)
+
+    def test_a_disqualified_default_is_no_fallback_for_the_threshold(self):
+        choices, timings = self.agreed("0:first", [2.0, 3.0, math.inf])
+        self.assertIs(timings.agreed_choice(min_speedup_threshold=10.0), choices[0])
+
+    def test_nothing_qualified_runs_the_default(self):
+        choices, timings = self.agreed(None, [math.inf] * 3)
+        self.assertIs(timings.agreed_choice(), choices[2])
+
+    def test_a_rank_local_override_is_ignored(self):
+        class Slowest(InductorChoices):
+            def override_best_choice(self, best_choice, timings):
+                return max(timings, key=timings.__getitem__)
+
+        choices, timings = self.agreed("0:first", [1.0, 2.0, 4.0])
+        with (
+            V.set_choices_handler(Slowest()),
+            self.assertLogs("torch._inductor.collective_autotuning.choices") as logs,
+        ):
+            self.assertIs(timings.agreed_choice(), choices[0])
+        self.assertIn("cannot change on one rank alone", logs.output[0])
+
+
+def graph_choice(*group_names: str):
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    for name in group_names:
+        x = graph.call_function(
+            torch.ops._c10d_functional.all_reduce.default, (x, "sum", name)
+        )
+        x = graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (x,))
+    graph.output(x)
+    return FakeChoice(
+        f"choice_{'_'.join(group_names)}", gm=torch.fx.GraphModule({}, graph)
+    )
+
+
+class TestGroupFromGraphs(TestCase):
+    def test_group_is_read_from_the_candidates(self):
+        default = FakeChoice("default")
+        self.assertEqual(
+            collective_group_name(
+                [graph_choice("tp0"), graph_choice("tp0", "tp0"), default]
+            ),
+            "tp0",
+        )
+        self.assertIsNone(collective_group_name([default]))
+
+    def test_candidates_on_different_groups_are_an_error(self):
+        with self.assertRaisesRegex(
+            cs.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"
+        ):
+            collective_group_name([graph_choice("tp0"), graph_choice("tp1")])
+
+
+if __name__ == "__main__":
+    run_tests()

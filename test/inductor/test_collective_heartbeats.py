@@ -1,0 +1,189 @@
+"""Heartbeats of collective benchmarking, on one process and one store.
+
+Imports only ``store`` and ``liveness`` of the package, so that it runs on
+the earliest prefixes of the patch series.  What this checks:
+
+* The pure rules: ``beat_interval`` is an eighth of the timeout, clamped to
+  [0.05 s, 5 s]; a ``MemberStatus`` survives its encoding; an
+  ``Observation`` (on a fake clock) knows since when a member's counter has
+  not advanced and since when it has been idle.
+* A ``Liveness`` writes ``idle`` once when started, then beats (its counter
+  advances) while a session is open or its main thread compiles, saying
+  which sessions and frames; once idle again it writes ``idle`` once and
+  asks nothing more of the store.
+* While a session observes a member, the thread reads that member's status
+  (here its own); while the main thread waits in a ``Watch``, the thread
+  applies the watch's check to it, and stops once the watch ends.
+* A peer that sets the process's wake key makes the idle process beat; the
+  listener consumes the key, and logs a verdict on the job sent that way.
+* ``shutdown`` stops and joins both threads with three store requests, and
+  is idempotent; the threads also stop when the store they serve is
+  released, and starting on another store replaces them.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch._inductor.runtime.collective_benchmarking import liveness as lv, store as cs
+from torch.testing._internal.common_utils import run_tests, TestCase
+
+TIMEOUT = timedelta(seconds=0.4)  # a beat every 0.05 s
+
+
+def liveness_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("collective-")]
+
+
+class TestRules(TestCase):
+    def test_beat_interval(self):
+        self.assertEqual(lv.beat_interval(timedelta(seconds=30)), 3.75)
+        self.assertEqual(lv.beat_interval(timedelta(seconds=0.1)), 0.05)
+        self.assertEqual(lv.beat_interval(timedelta(minutes=10)), 5.0)
+
+    def test_member_status_round_trips(self):
+        status = lv.MemberStatus(7, "session", ("a", "b"), "c10d.all_reduce", 1.5)
+        self.assertEqual(lv.MemberStatus.decode(status.encode()), status)
+
+    def test_observation_on_a_fake_clock(self):
+        seen = lv.Observation(None, first_read=10.0)
+        self.assertEqual(seen.silent_for(14.0), 4.0)  # never seen: since the first read
+        seen.update(lv.MemberStatus(1, "session"), 11.0)
+        seen.update(lv.MemberStatus(1, "session"), 15.0)  # no beat since 11
+        self.assertEqual((seen.advanced_at, seen.silent_for(16.0)), (11.0, 5.0))
+        seen.update(lv.MemberStatus(2, "idle"), 17.0)
+        seen.update(lv.MemberStatus(3, "idle"), 18.0)
+        self.assertEqual((seen.advanced_at, seen.idle_since), (18.0, 17.0))
+        seen.update(None, 19.0)  # unreadable: no advance, not idle
+        self.assertEqual(
+            (seen.status, seen.advanced_at, seen.idle_since), (None, 18.0, None)
+        )
+
+
+class TestHeartbeat(TestCase):
+    def setUp(self):
+        super().setUp()
+        self.server = dist.TCPStore(
+            "127.0.0.1", 0, 1, True, timeout=timedelta(seconds=10)
+        )
+        self.reader = cs.StoreClient(self.server)
+        self.stores = [self.server]  # the last one is the job's store
+        self.compiling = False
+        self.liveness = self.start(listen=False)
+
+    def tearDown(self):
+        self.liveness.shutdown()
+        super().tearDown()
+
+    def start(self, listen):
+        liveness = lv.Liveness(
+            lambda: self.stores[-1],
+            lambda: 0,
+            compiling=lambda: self.compiling,
+            listen=listen,
+        )
+        liveness.ensure_running(TIMEOUT)
+        return liveness
+
+    def status(self):
+        text = self.reader.read_if_set(cs.status_key(0))
+        return None if text is None else lv.MemberStatus.decode(text)
+
+    def wait_for(self, predicate):
+        deadline = time.monotonic() + 10
+        while not predicate():
+            self.assertLess(time.monotonic(), deadline, "condition never held")
+            time.sleep(0.01)
+
+    def wait_for_beats(self, beats):
+        counter = self.status().counter
+        self.wait_for(lambda: self.status().counter >= counter + beats)
+
+    def test_beats_only_while_busy(self):
+        self.assertEqual(self.liveness.interval, 0.05)
+        self.wait_for(lambda: self.status() is not None)
+        self.assertEqual(self.status(), lv.MemberStatus(1, "idle"))
+        with self.liveness.session("s", (7, 2)):
+            self.wait_for(lambda: self.status().activity == "session")
+            first = self.status()
+            self.assertEqual((first.sessions, first.frames), (("s",), {"7": 2}))
+            self.wait_for(lambda: self.status().counter > first.counter)
+        self.wait_for(lambda: self.status().activity == "idle")
+        self.compiling = True
+        self.wait_for(lambda: self.status().activity == "compiling")
+        self.compiling = False
+        self.wait_for(lambda: self.status().activity == "idle")
+        settled = (self.status(), sum(self.liveness.client.requests.values()))
+        time.sleep(5 * self.liveness.interval)
+        self.assertEqual(
+            (self.status(), sum(self.liveness.client.requests.values())), settled
+        )
+
+    def test_observes_and_checks_the_watched_member(self):
+        checks = []
+        watch = lv.Watch(
+            lambda client, w: checks.append((client, w)), "tag", "rendezvous", 0, False
+        )
+        with self.liveness.session("s", None, observe=0):
+            self.wait_for(
+                lambda: self.liveness.seen(0) is not None
+                and self.liveness.seen(0).status is not None
+            )
+            self.assertEqual(self.liveness.seen(0).status.sessions, ("s",))
+            with self.liveness.watching(watch):
+                self.wait_for(lambda: len(checks) >= 2)
+            self.assertTrue(all(c == (self.liveness.client, watch) for c in checks))
+            self.wait_for_beats(2)  # a beat that began before the watch ended
+            count = len(checks)
+            self.wait_for_beats(3)
+            self.assertEqual(len(checks), count)
+        self.assertIsNone(self.liveness.seen(0))
+
+    def start_listening(self):
+        self.liveness.shutdown()
+        waits = cs.store_requests["wait"]
+        self.liveness = self.start(listen=True)
+        self.wait_for(lambda: self.liveness.client.requests["set"] == 1)  # idle
+        self.wait_for(lambda: cs.store_requests["wait"] > waits)  # listener blocked
+        self.assertEqual(len(liveness_threads()), 2)
+
+    def test_a_wake_makes_an_idle_process_beat(self):
+        self.start_listening()
+        idle = self.status()
+        with self.assertLogs(lv.log, "ERROR") as logs:
+            self.reader.set(cs.wake_key(0), "verdict|rank 1 is lost")
+            self.wait_for(lambda: self.status().counter > idle.counter + 1)
+        self.assertEqual(self.status().activity, "idle")
+        self.assertIn("a peer gave up on this job: rank 1 is lost", logs.output[0])
+        self.wait_for(lambda: self.reader.read_if_set(cs.wake_key(0)) is None)
+
+    def test_shutdown_joins_the_threads(self):
+        self.start_listening()
+        before = cs.store_requests.copy()
+        self.liveness.shutdown()
+        self.assertEqual(liveness_threads(), [])
+        self.assertEqual(
+            dict(cs.store_requests - before), {"set": 1, "get": 1, "delete_key": 1}
+        )
+        self.assertIsNone(self.reader.read_if_set(cs.wake_key(0)))
+        self.liveness.shutdown()
+
+    def test_threads_stop_with_their_store(self):
+        (first,) = liveness_threads()
+        self.stores.append(dist.TCPStore("127.0.0.1", self.server.port, 1, False))
+        self.liveness.ensure_running(TIMEOUT)  # on the new store: new threads
+        (second,) = liveness_threads()
+        self.assertIsNot(second, first)
+        self.assertFalse(first.is_alive())
+        self.stores.pop()
+        gc.collect()
+        self.assertEqual(liveness_threads(), [])
+        self.assertFalse(second.is_alive())
+
+
+if __name__ == "__main__":
+    run_tests()
