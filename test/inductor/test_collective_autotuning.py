@@ -19,9 +19,10 @@ Faults, injected through the registered candidates themselves (the ``probe``
 raises, stalls, kills its process or corrupts its output on chosen ranks at a
 chosen call), per world size: an exception on one rank during warmup and
 during timed runs, an exception on every rank, a wrong result on one rank (all
-in one op, next to a healthy candidate that must win); one rank stalling once
-past the timeout, without and with a retry; every candidate failing; a rank
-killed mid-benchmark.  Each asserts on every surviving rank the winner, that
+in one op, next to a healthy candidate that must win); every candidate
+failing; and at 2 and 4 ranks (they wait out timeouts, and 3 ranks behave
+alike), one rank stalling once past the timeout, without and with a retry,
+and a rank killed mid-benchmark.  Each asserts on every surviving rank the winner, that
 every rank ran it, the numerical result and a generous wall-time bound that
 only a hang would break.  A 4-rank class per path runs two tensor-parallel
 groups, one of which starts compiling later than the timeout.
@@ -427,6 +428,12 @@ class AutotuningTestMixin:
         super().reset_rank()  # type: ignore[misc]
         clear_probes()
 
+    def _skip_at_three_ranks(self) -> None:
+        # For tests that wait out timeouts: 2 and 4 ranks show every rank
+        # alike, and 3 ranks would add minutes to CI's 2 cores.
+        if self.world_size == 3:
+            raise unittest.SkipTest("run at 2 and 4 ranks; keeps CI short")
+
     def _input(self, rank: int, device: torch.device) -> torch.Tensor:
         values = torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * rank
         return values.view(ROWS, COLS).to(device)
@@ -666,10 +673,12 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         )
 
     def test_stall_past_timeout_disqualifies_candidate(self):
+        self._skip_at_three_ranks()
         faults = {"stalls": Fault("stall", [self.world_size - 1], call=NWARMUP + 2)}
         self._check_faulty(faults, fast=["stalls"], winner="good")
 
     def test_stall_past_timeout_is_retried(self):
+        self._skip_at_three_ranks()
         faults = {"stalls": Fault("stall", [self.world_size - 1], call=NWARMUP + 2)}
         ran = self._check_faulty(
             faults, fast=["stalls"], winner="stalls", collective_benchmark_retries=1
@@ -726,10 +735,7 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
     def test_candidate_keeping_two_collectives_in_flight_is_not_chosen_on_gloo(self):
         if self.backend_str() != "gloo":
             raise unittest.SkipTest("a gloo hazard")
-        if self.world_size == 3:
-            raise unittest.SkipTest(
-                "2 and 4 ranks show every rank alike; keeps CI short"
-            )
+        self._skip_at_three_ranks()
         device = self._init_rank()
         ran_while_compiling, ran_here, result, warnings = self._autotune_beside_good(
             "two_in_flight",
@@ -781,10 +787,7 @@ class KilledRankTests(AutotuningTestMixin):
     KILLS_A_RANK = ("test_killed_rank_is_reported_by_every_healthy_rank",)
 
     def test_killed_rank_is_reported_by_every_healthy_rank(self):
-        if self.world_size == 3:
-            raise unittest.SkipTest(
-                "2 and 4 ranks name the killed rank alike; keeps CI short"
-            )
+        self._skip_at_three_ranks()
         device = self._init_rank()
         last = self.world_size - 1
         FAULTS["doomed"] = Fault("kill", [last], call=NWARMUP + 1)

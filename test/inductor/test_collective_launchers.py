@@ -12,7 +12,8 @@ the job, as on one machine:
   hosts the store) and ``srun`` (processes started directly with RANK,
   WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT set; rank 0 hosts the store).
   Each launcher runs at 2 and 3 ranks: ``torchrun`` and ``srun`` start at 2,
-  the others at 3.  A first launch on a cold cache tunes: every rank
+  the others at 3 (``torchrun_nodes`` only there: its relaunch at another
+  size would repeat ``torchrun``'s, which has the same agent).  A first launch on a cold cache tunes: every rank
   benchmarks the op once and runs ``rs_ag``, the result is exact, every
   process exits 0 (once per size and program key: ``torchrun`` tunes for
   ``srun`` too, whose program has the same key);
@@ -20,7 +21,7 @@ the job, as on one machine:
   from the FX graph cache, benchmarks nothing, runs ``rs_ag``, exits 0; under
   ``srun`` the store's host (rank 0) exits 3 s before its peers, under
   ``mp_spawn`` 3 s after them, both without ``destroy_process_group``;
-* relaunched at the other size: every rank compiles and benchmarks again and
+* relaunched at the other size (each launcher but ``torchrun_nodes``): every rank compiles and benchmarks again and
   the result is exact (the program compiled for the first size must not be
   replayed: its collectives are sized for it);
 * a rank whose own code raises after tuning (the store's host under ``srun``,
@@ -163,9 +164,6 @@ class LaunchedJobsTest(TestCase):
     # topology in the cache keys).
     def test_torchrun_relaunch_at_another_size(self):
         self._relaunch_at_the_other_size("torchrun")
-
-    def test_torchrun_nodes_relaunch_at_another_size(self):
-        self._relaunch_at_the_other_size("torchrun_nodes")
 
     def test_mp_spawn_relaunch_at_another_size(self):
         self._relaunch_at_the_other_size("mp_spawn")

@@ -1,6 +1,7 @@
 """Stragglers waited for, wedged ranks named, per world size, on CPU/gloo.
 
-What this checks, at 2, 3 and 4 ranks, with ``collective_benchmark_timeout``
+What this checks, at 2 and 4 ranks (3 ranks behave as 4 do: one watched
+member per watcher; dropped to keep CI short), with ``collective_benchmark_timeout``
 at ``TIMEOUT_S`` and the default path (V2; the protocol under test is the
 same under V1, see ``test_collective_autotuning.py``):
 
@@ -31,7 +32,6 @@ The killed-rank test stays in ``test_collective_autotuning.py``.
 from __future__ import annotations
 
 import time
-import unittest
 
 import torch
 import torch.distributed as dist
@@ -87,10 +87,6 @@ class LivenessTests:
         return torch.compile(lambda x: all_reduce_op(x) + 1)
 
     def test_stragglers_are_waited_for(self):
-        if self.world_size == 3:
-            raise unittest.SkipTest(
-                "2 and 4 ranks wait for a straggler alike; keeps CI short"
-            )
         last = self.world_size - 1
         FAULTS.clear()
         FAULTS["stalls_3x"] = Fault(
@@ -180,7 +176,7 @@ class LivenessTests:
         FAULTS.clear()
 
 
-for _world_size in (2, 3, 4):
+for _world_size in (2, 4):
     _name = f"CollectiveLiveness{_world_size}RanksTest"
     globals()[_name] = type(
         _name,
