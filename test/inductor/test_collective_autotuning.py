@@ -787,7 +787,6 @@ class KilledRankTests(AutotuningTestMixin):
     KILLS_A_RANK = ("test_killed_rank_is_reported_by_every_healthy_rank",)
 
     def test_killed_rank_is_reported_by_every_healthy_rank(self):
-        self._skip_at_three_ranks()
         device = self._init_rank()
         last = self.world_size - 1
         FAULTS["doomed"] = Fault("kill", [last], call=NWARMUP + 1)
@@ -874,8 +873,10 @@ class CollectiveAutotuningGroupsTestV2(
 
 # TestCollectiveAutotuning{2,3,4}Ranks{Gloo,NCCL}{V1,V2}: every world size,
 # backend and tuning path (V1: while lowering, V2: in the scheduler), one set
-# of rank processes per class; TestCollectiveKilledRank...: the killed-rank
-# test, in processes of its own.
+# of rank processes per class; TestCollectiveKilledRank{2,4}Ranks...: the
+# killed-rank test, in processes of its own (not at 3 ranks: spawning them only
+# to skip would cost CI as much as the test; 2 and 4 ranks name the killed
+# rank alike).
 for _world_size in (2, 3, 4):
     for _backend, _label in (("gloo", "Gloo"), ("nccl", "NCCL")):
         for _path, _defer in (("V1", False), ("V2", True)):
@@ -889,6 +890,8 @@ for _world_size in (2, 3, 4):
             globals()[_name] = type(
                 _name, (CollectiveAutotuningTests, RankProcessesTestCase), _attributes
             )
+            if _world_size == 3:
+                continue
             _name = f"TestCollectiveKilledRank{_world_size}Ranks{_label}{_path}"
             globals()[_name] = type(
                 _name, (KilledRankTests, SpawnedRanksTestCase), _attributes
