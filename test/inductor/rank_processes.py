@@ -85,6 +85,17 @@ def tcp_store_through(file_name: str, rank: int, world_size: int) -> dist.TCPSto
     return dist.TCPStore("127.0.0.1", port, world_size, False, timeout=timeout)
 
 
+def one_rank_file_store(test: unittest.TestCase) -> dist.FileStore:
+    """A store for a one-rank group in the test's own process, removed after the test.
+
+    A ``FileStore`` deletes its file only when its last reference goes, and
+    the control plane keeps one (its main client) until the next store.
+    """
+    directory = tempfile.TemporaryDirectory(prefix="collective-store-")
+    test.addCleanup(directory.cleanup)
+    return dist.FileStore(os.path.join(directory.name, "store"), 1)
+
+
 def skip_without_gpus(backend: str, world_size: int) -> None:
     """Skip an NCCL class where there is not a GPU for each rank."""
     if backend == "nccl" and torch.cuda.device_count() < world_size:

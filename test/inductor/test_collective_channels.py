@@ -25,7 +25,6 @@ on one process (a one-rank gloo group where one is needed):
 
 from __future__ import annotations
 
-import tempfile
 from datetime import timedelta
 
 import torch
@@ -39,13 +38,15 @@ from torch._inductor.runtime.collective_benchmarking import (
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
 
+from rank_processes import one_rank_file_store
+
 CPU = torch.device("cpu")
 
 
 class OneRankGroupTestCase(TestCase):
     def setUp(self):
         super().setUp()
-        self.file_store = dist.FileStore(tempfile.mktemp(prefix="collective-ch-"), 1)
+        self.file_store = one_rank_file_store(self)
         dist.init_process_group("gloo", store=self.file_store, rank=0, world_size=1)
         self.world = dist.group.WORLD
 
@@ -101,7 +102,7 @@ class TestStoreClient(OneRankGroupTestCase):
         client = cs.main_store_client()
         self.assertIs(cs.main_store_client(), client)
         dist.destroy_process_group()
-        store = dist.FileStore(tempfile.mktemp(prefix="collective-ch-"), 1)
+        store = one_rank_file_store(self)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         self.assertIsNot(cs.main_store_client(), client)
 
@@ -153,7 +154,7 @@ class TestResolveGroup(OneRankGroupTestCase):
         dist.destroy_process_group()
         with self.assertRaisesRegex(cs.CollectiveBenchmarkError, "init_process_group"):
             cg.resolve_group(None)
-        store = dist.FileStore(tempfile.mktemp(prefix="collective-ch-"), 1)
+        store = one_rank_file_store(self)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 
 

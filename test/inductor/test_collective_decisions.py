@@ -21,7 +21,6 @@ Inductor's choices in ``test_collective_choices.py``):
 from __future__ import annotations
 
 import math
-import tempfile
 import threading
 from datetime import timedelta
 
@@ -35,6 +34,8 @@ from torch._inductor.runtime.collective_benchmarking import (
 )
 from torch._inductor.runtime.collective_benchmarking.session import classify
 from torch.testing._internal.common_utils import TestCase, run_tests
+
+from rank_processes import one_rank_file_store
 
 OK, PEER, TIMEOUT, WRONG, RAISED = (
     cd.CandidateStatus.OK,
@@ -64,7 +65,7 @@ class OneRankGroupTestCase(TestCase):
 
     def setUp(self):
         super().setUp()
-        store = dist.FileStore(tempfile.mktemp(prefix="collective-decisions-"), 1)
+        store = one_rank_file_store(self)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         self.config = ct.CollectiveBenchmarkConfig(
             timeout=timedelta(seconds=5), nwarmup=1, nruns=3

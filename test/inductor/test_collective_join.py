@@ -21,7 +21,6 @@ import collections
 import contextlib
 import dataclasses
 import inspect
-import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
@@ -37,6 +36,8 @@ from torch._inductor.runtime.collective_benchmarking import (
     types as ct,
 )
 from torch.testing._internal.common_utils import TestCase, run_tests
+
+from rank_processes import one_rank_file_store
 
 CONFIG = ct.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=3)
 OK, DESYNCHRONIZED = cd.CandidateStatus.OK, cd.CandidateStatus.DESYNCHRONIZED
@@ -79,7 +80,7 @@ def run_join(member, control, ops):
 class TestOneMember(TestCase):
     def setUp(self):
         super().setUp()
-        store = dist.FileStore(tempfile.mktemp(prefix="collective-join-"), 1)
+        store = one_rank_file_store(self)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 
     def tearDown(self):

@@ -20,7 +20,6 @@ What this checks:
 from __future__ import annotations
 
 import math
-import tempfile
 from datetime import timedelta
 
 import torch
@@ -34,6 +33,8 @@ from torch._inductor.runtime.collective_benchmarking import (
 )
 from torch._inductor.runtime.collective_benchmarking.session import classify, SessionRun
 from torch.testing._internal.common_utils import TestCase, run_tests
+
+from rank_processes import one_rank_file_store
 
 Status = cd.CandidateStatus
 c10d = torch.ops._c10d_functional
@@ -67,7 +68,7 @@ class TestClassify(TestCase):
 class TestSessionRunOnOneRank(TestCase):
     def setUp(self):
         super().setUp()
-        store = dist.FileStore(tempfile.mktemp(prefix="collective-session-"), 1)
+        store = one_rank_file_store(self)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         self.group = dist.group.WORLD
         self.config = ct.CollectiveBenchmarkConfig(
