@@ -936,8 +936,18 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
             decision_cache,
             types as ct,
         )
+        from torch._inductor.runtime.collective_benchmarking.benchmarker import (
+            CollectiveBenchmarker,
+        )
 
-        benchmarker = self._benchmarker()
+        self._init_process_group()
+        stored = os.path.join(
+            os.environ["TORCHINDUCTOR_CACHE_DIR"], "collective_decisions"
+        )
+        config = ct.CollectiveBenchmarkConfig(
+            timeout=self.TIMEOUT, nwarmup=1, nruns=1, decision_dir=stored
+        )
+        benchmarker = CollectiveBenchmarker(None, config)
         ran = collections.Counter()
 
         def candidate(name: str, is_default: bool = False) -> ct.Candidate:
@@ -955,11 +965,7 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         first = benchmarker.run_batch([op])[0]
         if self.rank == 1:  # as after a restart with an empty cache: nothing remembered
             decision_cache._remembered.clear()
-            shutil.rmtree(
-                os.path.join(
-                    os.environ["TORCHINDUCTOR_CACHE_DIR"], "collective_decisions"
-                )
-            )
+            shutil.rmtree(stored)
         ran.clear()
         counters.clear()
         second = benchmarker.run_batch([op])[0]

@@ -30,7 +30,10 @@ with).  What this checks:
   ``torch.compiler.set_enable_guard_collectives(True)`` both ranks recompile
   together and agree.
 
-Without ranks (a fake process group per "rank"): a decision's key holds the
+Without ranks: remembered decisions are stored in ``collective_decisions/``
+of Inductor's cache directory while ``autotune_local_cache`` is set, and
+nowhere on disk otherwise; the directory is not compared between members.
+With a fake process group per "rank": a decision's key holds the
 group's topology (name, size, global ranks), the same on every member; a
 cached program with collective choices serves the groups it was compiled for,
 and, when its code depends on the rank, that rank only.
@@ -53,12 +56,11 @@ from torch._inductor.kernel.custom_op import (
     register_custom_op_autotuning,
 )
 from torch._inductor.collective_autotuning import cache_hits
+from torch._inductor.collective_autotuning.settings import benchmark_config
+from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.runtime.collective_benchmarking import decision_cache
 from torch._inductor.runtime.collective_benchmarking.benchmarker import (
     CollectiveBenchmarker,
-)
-from torch._inductor.runtime.collective_benchmarking.types import (
-    CollectiveBenchmarkConfig,
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -317,6 +319,21 @@ class RecompileTest(SpawnedRanksTestCase):
         dist.destroy_process_group()
 
 
+class DecisionDirectoryTest(TestCase):
+    def test_decisions_are_stored_with_autotuning_results(self):
+        with inductor_config.patch(autotune_local_cache=True):
+            stored = benchmark_config()
+        self.assertEqual(
+            stored.decision_dir, os.path.join(cache_dir(), "collective_decisions")
+        )
+        with inductor_config.patch(autotune_local_cache=False):
+            in_memory = benchmark_config()
+        self.assertIsNone(in_memory.decision_dir)
+        # Each host has its own: members that differ only there agree.
+        self.assertEqual(stored, in_memory)
+        self.assertEqual(repr(stored), repr(in_memory))
+
+
 class ProgramsServeTheirGroupsTest(TestCase):
     """Decision keys and cached programs against the job's topology, without ranks."""
 
@@ -338,7 +355,7 @@ class ProgramsServeTheirGroupsTest(TestCase):
         group = dist.group.WORLD if members is None else dist.new_group(members)
         member = SimpleNamespace(
             group=group,
-            config=CollectiveBenchmarkConfig.from_inductor_config(),
+            config=benchmark_config(),
             device=torch.device("cpu"),
         )
         return CollectiveBenchmarker.decision_context(member)  # type: ignore[arg-type]

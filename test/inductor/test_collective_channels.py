@@ -12,7 +12,8 @@ on one process (a one-rank gloo group where one is needed):
   a ``TimeoutError``.  ``main_store_client`` is one per default store.
 * Timing on CPU: positive host times, in call order; a raising call is
   ``CallFailed`` naming its index (``time_runs`` re-raises its error);
-  ``device_of`` is the first tensor's device, else CPU; ``timed`` counts.
+  ``device_of`` is the first tensor's device, else CPU; ``timed`` is a
+  ``dynamo_timed`` event (in ``compile_times()``) and counts its seconds.
 * ``resolve_group``: ``None`` and the group's name give the default group, an
   unknown name is an error naming it, no process group a
   ``CollectiveBenchmarkError``.
@@ -29,7 +30,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import compilation_time_metrics, compile_times, counters
 from torch._inductor.runtime.collective_benchmarking import (
     channels as cc,
     groups as cg,
@@ -135,11 +136,20 @@ class TestTiming(TestCase):
         self.assertEqual(ctm.device_of(["x", 2]), CPU)
         ctm.wait_device(CPU, deadline=0.0)  # nothing to wait for on CPU
 
-    def test_timed_adds_to_the_counters(self):
+    def test_timed_is_a_compile_event_and_counts(self):
         counters.clear()
+        compilation_time_metrics.pop("collective_autotuning.probe", None)
         with ctm.timed("probe"):
             pass
-        self.assertGreater(counters["collective_autotuning"]["probe"], 0)
+        with self.assertRaisesRegex(ValueError, "inside"):
+            with ctm.timed("probe"):
+                raise ValueError("inside")
+        self.assertGreater(counters["collective_autotuning"]["probe_s"], 0)
+        # dynamo_timed's record: in compile_times(), once per phase entered.
+        self.assertEqual(
+            len(compilation_time_metrics["collective_autotuning.probe"]), 2
+        )
+        self.assertIn("collective_autotuning.probe", compile_times())
 
 
 class TestResolveGroup(OneRankGroupTestCase):

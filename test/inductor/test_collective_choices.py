@@ -9,6 +9,9 @@ What this checks:
   change the winner.
 * ``collective_group_name``: the process group is read from the candidates'
   graphs, and candidates on different groups are an error.
+* ``settings.benchmark_config``: the sessions' settings come from
+  ``torch._inductor.config``; a value out of range or of the wrong type is an
+  error naming the knob and its environment variable, when it is read.
 
 No process group is needed: the choices are stand-ins with a name and a graph.
 """
@@ -16,9 +19,12 @@ No process group is needed: the choices are stand-ins with a name and a graph.
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 import torch
+import torch._inductor.config as inductor_config
 from torch._inductor.choices import InductorChoices
+from torch._inductor.collective_autotuning import settings
 from torch._inductor.collective_autotuning.choices import (
     AgreedTimings,
     collective_group_name,
@@ -134,6 +140,62 @@ class TestGroupFromGraphs(TestCase):
             cs.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"
         ):
             collective_group_name([graph_choice("tp0"), graph_choice("tp1")])
+
+
+class TestSettings(TestCase):
+    """What a session runs with is what torch._inductor.config says, or an error naming the knob."""
+
+    def test_values_come_from_the_config(self):
+        with inductor_config.patch(
+            collective_benchmark_timeout=7,
+            collective_benchmark_nruns=9,
+            inductor_default_autotune_warmup=2,
+            collective_benchmark_max_wait=90.5,
+            collective_benchmark_confidence=0.9,
+            collective_benchmark_screen_results=False,
+        ):
+            config = settings.benchmark_config()
+        self.assertEqual(config.timeout, timedelta(seconds=7))
+        self.assertEqual((config.nruns, config.nwarmup), (9, 2))
+        self.assertEqual(config.max_wait, timedelta(seconds=90.5))
+        self.assertEqual((config.confidence, config.screen), (0.9, False))
+
+    def test_a_max_wait_under_the_timeout_is_the_timeout(self):
+        with inductor_config.patch(
+            collective_benchmark_timeout=60, collective_benchmark_max_wait=5
+        ):
+            self.assertEqual(
+                settings.benchmark_config().max_wait, timedelta(seconds=60)
+            )
+
+    def test_out_of_range_names_the_knob_and_its_variable(self):
+        for knob, value, expected in (
+            ("collective_benchmark_nruns", 0, "must be >= 1, got 0"),
+            ("collective_benchmark_timeout", -1.0, "must be positive, got -1.0"),
+            ("collective_benchmark_confidence", 1.0, r"must be in \[0.5, 1\), got 1.0"),
+            ("inductor_default_autotune_warmup", -3, "must be >= 0, got -3"),
+        ):
+            with self.subTest(knob=knob), inductor_config.patch({knob: value}):
+                with self.assertRaisesRegex(
+                    ValueError,
+                    rf"^torch\._inductor\.config\.{knob} \(environment variable "
+                    rf"TORCHINDUCTOR_{knob.upper().removeprefix('INDUCTOR_')}\) {expected}$",
+                ):
+                    settings.benchmark_config()
+
+    def test_wrong_type_names_the_knob(self):
+        for knob, value in (
+            ("collective_benchmark_nruns", "50"),
+            ("collective_benchmark_nruns", True),
+            ("collective_benchmark_nruns", 2.5),
+            ("collective_benchmark_screen_results", 1),
+        ):
+            with (
+                self.subTest(knob=knob, value=value),
+                inductor_config.patch({knob: value}),
+            ):
+                with self.assertRaisesRegex(ValueError, rf"\.{knob} .* must be "):
+                    settings.benchmark_config()
 
 
 if __name__ == "__main__":

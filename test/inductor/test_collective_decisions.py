@@ -32,32 +32,11 @@ from torch._inductor.runtime.collective_benchmarking import (
     store as cs,
     types as ct,
 )
-from torch._inductor.runtime.collective_benchmarking.session import classify
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from rank_processes import one_rank_file_store
 
-OK, PEER, TIMEOUT, WRONG, RAISED = (
-    cd.CandidateStatus.OK,
-    cd.CandidateStatus.PEER_FAILED,
-    cd.CandidateStatus.TIMED_OUT,
-    cd.CandidateStatus.WRONG_RESULT,
-    cd.CandidateStatus.RAISED,
-)
-
-
-class TestErrorClassification(TestCase):
-    def test_error_classification(self):
-        self.assertIs(classify(TimeoutError("x")), TIMEOUT)
-        self.assertIs(
-            classify(RuntimeError("Timed out waiting 3000ms for recv operation")),
-            TIMEOUT,
-        )
-        self.assertIs(
-            classify(dist.DistBackendError("Connection closed by peer [::1]:1")),
-            PEER,
-        )
-        self.assertIs(classify(ValueError("bad shape")), RAISED)
+Status = cd.CandidateStatus
 
 
 class OneRankGroupTestCase(TestCase):
@@ -101,7 +80,13 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         decision = cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
         statuses = {result.name: result.status for result in decision.results}
         self.assertEqual(
-            statuses, {"default": OK, "raises": RAISED, "wrong": WRONG, "good": OK}
+            statuses,
+            {
+                "default": Status.OK,
+                "raises": Status.RAISED,
+                "wrong": Status.WRONG_RESULT,
+                "good": Status.OK,
+            },
         )
         self.assertEqual(decision.results[0].name, "default")  # benchmarked first
         self.assertIn(decision.winner, {"default", "good"})
@@ -128,14 +113,14 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         )
         default = self.candidate("default", torch.ones(2), is_default=True)
         once = cb.CollectiveBenchmarker(None, self.config).run([default, flaky])
-        self.assertEqual(once.results[1].status, TIMEOUT)
+        self.assertEqual(once.results[1].status, Status.TIMED_OUT)
         calls.clear()
         config = ct.CollectiveBenchmarkConfig(
             timeout=timedelta(seconds=5), nwarmup=1, nruns=3, retries=1
         )
         retried = cb.CollectiveBenchmarker(None, config).run([default, flaky])
         self.assertEqual(
-            (retried.results[1].status, retried.results[1].attempts), (OK, 2)
+            (retried.results[1].status, retried.results[1].attempts), (Status.OK, 2)
         )
 
     def test_nothing_qualified_means_no_winner(self):
@@ -146,9 +131,12 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         self.assertIsNone(decision.winner)
 
     def test_batch_has_one_join_and_screens_each_op_against_its_own_default(self):
-        from torch._dynamo.utils import counters
+        from torch._dynamo.utils import compilation_time_metrics, counters
 
         counters.clear()
+        phases = ["presync", "warmup", "timed", "sync"]
+        for phase in phases:
+            compilation_time_metrics.pop(f"collective_autotuning.{phase}", None)
         calls: dict = {}
         first = [
             self.candidate("first.default", torch.ones(3), is_default=True),
@@ -178,12 +166,25 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
             [["first.default", "first.same"], ["second.default", "second.same"]],
         )
         self.assertEqual(
-            [[r.status for r in d.results] for d in decisions], [[OK, OK], [OK, OK]]
+            [[r.status for r in d.results] for d in decisions],
+            [[Status.OK, Status.OK], [Status.OK, Status.OK]],
         )
         self.assertEqual(
             decisions[1].results[1].attempts, 2
         )  # the timed-out round ran again
         self.assertGreater(counters["collective_autotuning"]["timed_s"], 0)
+        # Each phase is a compile event (dynamo_timed): one join, a warmup per
+        # candidate and attempt, and at least one exchange.
+        events = {
+            phase: len(
+                compilation_time_metrics.get(f"collective_autotuning.{phase}", [])
+            )
+            for phase in phases
+        }
+        self.assertEqual(events["presync"], 1)
+        self.assertGreaterEqual(events["warmup"], 4)
+        self.assertGreaterEqual(events["timed"], 1)
+        self.assertGreaterEqual(events["sync"], 1)
 
     def test_timed_runs_are_interleaved(self):
         order: list[str] = []
@@ -378,7 +379,10 @@ class TestPreparation(OneRankGroupTestCase):
             [("start", "a"), ("start", "b"), ("c",), ("finish", "a"), ("finish", "b")],
         )
         statuses = {result.name: result.status for result in decision.results}
-        self.assertEqual(statuses, {"default": OK, "a": OK, "b": RAISED, "c": OK})
+        self.assertEqual(
+            statuses,
+            {"default": Status.OK, "a": Status.OK, "b": Status.RAISED, "c": Status.OK},
+        )
 
     def test_compile_in_background_leaves_the_kernel_builds_running(self):
         from concurrent.futures import Future

@@ -275,6 +275,13 @@ class TestResultsAndScreening(TestCase):
             ct.CollectiveBenchmarkConfig(timeout=timedelta(0))
         with self.assertRaisesRegex(ValueError, ">= 0"):
             ct.CollectiveBenchmarkConfig(retries=-1)
+        # The field is named apart, for callers that read it from elsewhere.
+        with self.assertRaises(ct.InvalidBenchmarkSetting) as caught:
+            ct.CollectiveBenchmarkConfig(confidence=1.0)
+        self.assertEqual(
+            (caught.exception.field, caught.exception.expected),
+            ("confidence", "in [0.5, 1)"),
+        )
 
 
 if __name__ == "__main__":

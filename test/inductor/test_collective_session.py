@@ -44,7 +44,9 @@ class TestClassify(TestCase):
     def test_timeouts_by_type_or_message_even_from_a_backend(self):
         for error in (
             cs.CollectiveBenchmarkTimeout("a benchmark collective did not complete"),
+            TimeoutError("x"),
             RuntimeError("recv: Operation TIMED OUT"),
+            RuntimeError("Timed out waiting 3000ms for recv operation"),
             dist.DistBackendError("Connection closed by peer: timed out after 5s"),
         ):
             self.assertIs(classify(error), Status.TIMED_OUT, error)
@@ -54,6 +56,7 @@ class TestClassify(TestCase):
         for error in (
             dist.DistNetworkError("gloo"),
             OSError("Connection reset by peer"),
+            dist.DistBackendError("Connection closed by peer [::1]:1"),
         ):
             self.assertIs(classify(error), Status.PEER_FAILED, error)
             self.assertTrue(classify(error).retryable)

@@ -5,6 +5,8 @@ The adapters between Inductor and the protocol of
 them.  Its modules, from the bottom up; each imports only the protocol and
 modules listed before it:
 
+* ``settings.py``: the sessions' settings, read from ``torch._inductor.config``
+  and checked there.
 * ``choices.py``: Inductor's choices as candidates, and V1's entry point, which
   ``select_algorithm`` calls while it lowers an op;
 * ``inlining.py``: a V2 node replaced by its winner's graph;

@@ -57,11 +57,9 @@ from torch._inductor.runtime.collective_benchmarking.groups import (
     process_group_topology,
     resolve_group,
 )
-from torch._inductor.runtime.collective_benchmarking.types import (
-    Candidate,
-    CollectiveBenchmarkConfig,
-    OpToTune,
-)
+from torch._inductor.runtime.collective_benchmarking.types import Candidate, OpToTune
+
+from .settings import benchmark_config
 
 
 if TYPE_CHECKING:
@@ -118,7 +116,7 @@ def replay_sessions(sessions: Sequence[RecordedSession]) -> bool:
     agreed decisions without meeting its group again.  Raises
     ``CollectiveBenchmarkError`` as a session does.
     """
-    config = CollectiveBenchmarkConfig.from_inductor_config()
+    config = benchmark_config()
     agreed: list[tuple[str, list[OpToTune], list[CollectiveDecision]]] = []
     consistent = True
     for session in sessions:

@@ -42,6 +42,8 @@ from torch._inductor.runtime.collective_benchmarking.types import (
     digest,
 )
 
+from .settings import benchmark_config
+
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -68,6 +70,10 @@ _COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
 
 def is_collective(node: torch.fx.Node) -> bool:
     """Whether ``node`` calls a collective or waits for one (c10d, functional or not)."""
+    # Not torch._inductor.utils.is_collective, which reads IR nodes, nor
+    # is_collective_op, a fixed list of functional ops without their
+    # coalesced variants, the waits or c10d's own ops: any of these in a
+    # candidate's graph must keep the ranks in lock-step.
     return (
         node.op == "call_function"
         and getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES
@@ -299,7 +305,7 @@ def benchmark_collective_choices(
     :class:`CollectiveBenchmarkError` when a member is lost or the members are
     not tuning the same op.
     """
-    config = config or CollectiveBenchmarkConfig.from_inductor_config()
+    config = config or benchmark_config()
     group_name = collective_group_name(choices)
     candidates, key = collective_candidates(
         choices,

@@ -132,16 +132,15 @@ from torch._inductor.collective_autotuning.epilogue import (
     time_with_epilogue,
 )
 from torch._inductor.collective_autotuning.inlining import inline_winners, splice
+from torch._inductor.collective_autotuning.settings import (
+    benchmark_config,
+    start_heartbeat,
+)
 from torch._inductor.runtime.collective_benchmarking.benchmarker import (
     CollectiveBenchmarker,
 )
 from torch._inductor.runtime.collective_benchmarking.groups import resolve_group
-from torch._inductor.runtime.collective_benchmarking.liveness import ensure_heartbeat
-from torch._inductor.runtime.collective_benchmarking.types import (
-    Candidate,
-    CollectiveBenchmarkConfig,
-    OpToTune,
-)
+from torch._inductor.runtime.collective_benchmarking.types import Candidate, OpToTune
 from torch._inductor.virtualized import V
 
 
@@ -267,7 +266,7 @@ def _deferred(
 ) -> ir.TensorBox:
     # Peers wait at the scheduler's join for as long as this rank beats: from
     # now on, the rest of this graph's lowering cannot make it look lost.
-    ensure_heartbeat()
+    start_heartbeat()
     buffer = ir.CollectiveMultiTemplateBuffer(
         layout,
         list(inputs),
@@ -354,7 +353,7 @@ def finalize_collective_multi_template_buffers(
         )
         tunables_of[node.get_name()] = _tunables(node)
         by_group.setdefault(group_name, []).extend(tunables_of[node.get_name()])
-    benchmark_config = CollectiveBenchmarkConfig.from_inductor_config()
+    settings = benchmark_config()
     winners: dict[_Tunable, Any] = {}
     for group_name in sorted(by_group):
         group_tunables = by_group[group_name]
@@ -377,7 +376,7 @@ def finalize_collective_multi_template_buffers(
         ]
         device = group_tunables[0].node.get_device()
         assert device is not None  # a collective node's output has a device
-        benchmarker = CollectiveBenchmarker(group_name, benchmark_config, device)
+        benchmarker = CollectiveBenchmarker(group_name, settings, device)
         agreed = benchmarker.run_batch(ops)
         counters["collective_autotuning"]["shared"] += len(group_tunables) - len(
             sharing

@@ -254,7 +254,7 @@ class CollectiveBenchmarker:
             if any(c.prepare for i in joined.to_run for c in ordered[i]):
                 # Members compile for different times: the first warmup's
                 # collective, bounded by the timeout, must not wait for them.
-                with timed("presync_s"):
+                with timed("presync"):
                     control.barrier("ready", "the end of compiling the candidates")
             run = SessionRun(
                 self.config,
@@ -352,7 +352,7 @@ class CollectiveBenchmarker:
                     finish = attempt((i, index), candidate.name, candidate.prepare)
                     if callable(finish):
                         running.append(((i, index), candidate.name, finish))
-        with timed("build_wait_s"):
+        with timed("build_wait"):
             for position, name, finish in running:
                 attempt(position, name, finish)
         return failed

@@ -33,6 +33,25 @@ A gloo channel connects its ranks while it is built; once every member has
 built it, the last one deletes the rendezvous keys it used from the store
 (an NCCL channel connects at its first collective and keeps them).
 
+Why not ``dist.new_group`` or ``dist.split_group`` (torch 2.15), which build
+and register a group, and give it ``abort()`` and ``shutdown()``:
+
+* both name the group through ``_process_group_name``, which advances
+  ``_world.group_count`` on the calling ranks only.  The ranks of a group
+  that tunes would name the groups the program creates afterwards
+  differently from the ranks that do not tune (other groups, or a cache
+  hit), and a group's name is in the program's cache keys;
+* ``split_group`` is a collective on the user's group (its backend's
+  ``split_group``), which can block on a peer that died after the join;
+  the store rendezvous below is bounded by the protocol's timeout;
+* a group in ``_world`` is the user's to enumerate and destroy
+  (``destroy_process_group()`` walks them all); a channel is private to
+  the protocol, which drops it when a collective on it fails.
+
+So a channel is constructed from ``ProcessGroupGloo`` / ``ProcessGroupNCCL``
+directly, as ``_new_process_group_helper`` constructs them, and dropped as
+``destroy_process_group`` would (an NCCL channel is aborted).
+
 Collectives an implementation issues through a ``ProcessGroup`` object it
 captured (rather than through a group name) run on that group, not on the
 channel: the protocol cannot fail them by dropping the channel (see the
@@ -164,6 +183,10 @@ def registered_as(name: str, group: dist.ProcessGroup) -> Iterator[None]:
     Functional collectives resolve their group by name at run time, so the
     candidates' collectives run on ``group`` (a benchmark channel).
     """
+    # The candidates are compiled naming the user's group, as the program
+    # will run them; re-tracing them for a channel's own name would time
+    # other code than the program's.  c10d has no public API to re-point a
+    # name, hence its private registry.
     from torch._C._distributed_c10d import (
         _register_process_group,
         _resolve_process_group,

@@ -3,9 +3,10 @@
 A collective autotuning decision is remembered under its op's ``memo_key``
 (what is measured: the candidates' code and input layouts, and what each is
 timed with), the group's name, size, global ranks and backend, and the
-settings that change a decision: in the process, and on disk in Inductor's
-cache directory (``collective_decisions/``, under ``autotune_local_cache``),
-so that a restarted job does not tune again.  Each rank has a cache of its own (one
+settings that change a decision: in the process, and on disk in the
+session's ``decision_dir`` (Inductor's adapters give ``collective_decisions/``
+of its cache directory, under ``autotune_local_cache``), so that a restarted
+job does not tune again.  Each rank has a cache of its own (one
 per node, or per rank), so ranks can remember different things: one node's
 cache emptied, a decision made when only some ranks' files survived.  Two
 designs keep a group together:
@@ -113,17 +114,14 @@ def _memo_key(member: Member, op: OpToTune) -> tuple[str, ...] | None:
     )
 
 
-def _decision_file(key: tuple[str, ...]) -> Path | None:
-    # Decisions are autotuning results: stored with them, under the same switch.
-    from torch._inductor import config
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    if not config.autotune_local_cache:
+def _decision_file(member: Member, key: tuple[str, ...]) -> Path | None:
+    directory = member.config.decision_dir
+    if directory is None:
         return None
     name = hashlib.sha256(
         repr((key, torch.__version__, _STORED_DECISION_FORMAT)).encode()
     ).hexdigest()[:40]
-    return Path(cache_dir()) / "collective_decisions" / f"{name}.json"
+    return Path(directory) / f"{name}.json"
 
 
 def recall(member: Member, op: OpToTune) -> CollectiveDecision | None:
@@ -132,7 +130,7 @@ def recall(member: Member, op: OpToTune) -> CollectiveDecision | None:
     if key is None:
         return None
     if key not in _remembered:
-        path = _decision_file(key)
+        path = _decision_file(member, key)
         if path is not None and path.is_file():
             try:
                 stored = decision_from_json(path.read_text())
@@ -154,7 +152,7 @@ def remember(member: Member, op: OpToTune, decision: CollectiveDecision) -> None
     if key is None or _remembered.get(key) == decision:
         return
     _remembered[key] = decision
-    path = _decision_file(key)
+    path = _decision_file(member, key)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Whole files only: the ranks of a node, and of every node whose

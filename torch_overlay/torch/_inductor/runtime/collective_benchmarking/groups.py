@@ -32,6 +32,8 @@ def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
             raise CollectiveBenchmarkError("the default process group was destroyed")
         return world
     if isinstance(group, str):
+        # c10d has no public lookup by name; functional collectives resolve
+        # the names in their graphs with this one, and so must the protocol.
         return dist.distributed_c10d._resolve_process_group(
             dist.distributed_c10d.GroupName(group)
         )

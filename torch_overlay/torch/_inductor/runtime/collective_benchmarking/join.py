@@ -132,7 +132,7 @@ def join(
     benchmark, the decisions adopted for the others, and the candidates
     disqualified at the join, and whether the candidates' traced code is
     the same on every member (``Joined.same_code``).  Raises
-    :class:`~torch._inductor.runtime.collective_control.CollectiveBenchmarkError`
+    :class:`~torch._inductor.runtime.collective_benchmarking.store.CollectiveBenchmarkError`
     on every member when the members' ops or settings differ.
     """
     op_digests = [digest(f"{op.key}|{op_identity(member, op)}") for op in ops]
@@ -149,7 +149,7 @@ def join(
     code = digest(repr([op.memo_key for op in ops]))
     control.post_same("code", code)
     control.count(f"digest/{tuned}")
-    with timed("presync_s"):
+    with timed("presync"):
         control.barrier("join", "the start of autotuning")
     counters["collective_autotuning"]["presync"] += 1
     excluded: dict[tuple[int, int], CandidateResult] = {}

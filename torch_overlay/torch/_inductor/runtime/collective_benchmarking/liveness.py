@@ -499,18 +499,15 @@ _liveness = Liveness()
 atexit.register(_liveness.shutdown)
 
 
-def ensure_heartbeat(timeout: timedelta | None = None) -> None:
-    """Start this process's liveness thread (idempotent).
+def ensure_heartbeat(timeout: timedelta) -> None:
+    """Start this process's liveness thread (idempotent), beating for ``timeout``.
 
     From then on the process beats while it compiles or has a session open,
-    so that peers waiting for it know it is alive; ``timeout`` (default:
-    ``torch._inductor.config.collective_benchmark_timeout``) sets how often.
-    Does nothing before ``init_process_group``: the session that follows
-    reports the missing process group.
+    so that peers waiting for it know it is alive; ``timeout`` (the
+    sessions' :attr:`CollectiveBenchmarkConfig.timeout`) sets how often.
+    Any rank may call it, alone.  Does nothing before
+    ``init_process_group``: the session that follows reports the missing
+    process group.
     """
     if dist.is_available() and dist.is_initialized():
-        if timeout is None:
-            from torch._inductor import config
-
-            timeout = timedelta(seconds=config.collective_benchmark_timeout)
         _liveness.ensure_running(timeout)

@@ -214,7 +214,7 @@ class _FailureAgreements:
         exchange, commit = len(schedule), len(schedule) + 1
         self.epoch += 1
         counters["collective_autotuning"]["failure_agreements"] += 1
-        with timed("sync_s"):
+        with timed("sync"):
             posts = self.control.gather(
                 f"failure{self.epoch}", failure, "failure agreement", also="committed"
             )
@@ -488,7 +488,7 @@ class SessionRun:
             if timed_steps:
                 calls = [candidates[schedule[i].candidate].fn for i in timed_steps]
                 try:
-                    with timed("timed_s"):
+                    with timed("timed"):
                         times = time_calls(
                             calls, self.device, self.config.timeout.total_seconds()
                         )
@@ -512,7 +512,7 @@ class SessionRun:
         counters["collective_autotuning"]["rounds"] += 1
         status = CandidateStatus.OK
         try:
-            with timed("warmup_s"):
+            with timed("warmup"):
                 for run in range(max(1, self.config.nwarmup)):
                     value = candidate.fn()
                     if run == 0:
@@ -547,7 +547,7 @@ class SessionRun:
             for value in local.flatten(op, index, self.config.nruns)
         ]
         try:
-            with timed("sync_s"):
+            with timed("sync"):
                 gathered = self.channel.all_gather(flat)
         except Exception as error:
             raise _StepFailed(classify(error), "exchange", error) from error
@@ -556,7 +556,7 @@ class SessionRun:
 
     def _commit(self) -> None:
         try:
-            with timed("sync_s"):
+            with timed("sync"):
                 self.channel.all_reduce_max(0.0)
         except Exception as error:
             raise _StepFailed(classify(error), "commit", error) from error

@@ -6,8 +6,15 @@ and device work is waited for by polling an event against a deadline rather
 than by ``synchronize()``, so that a collective kernel that never completes
 (a peer left) cannot block the host past the protocol's timeout.
 
-Seconds spent per protocol step are added to
-``torch._dynamo.utils.counters["collective_autotuning"]`` (:func:`timed`),
+Not ``torch._inductor.runtime.benchmarking``: its benchmarkers choose how
+many times to run a function from its estimated duration on the calling
+process, so the members of a group would issue different numbers of
+collectives and deadlock; they also wait with ``synchronize()``, without a
+deadline, and time each function alone, where a session interleaves its
+candidates' runs so that they share the machine's noise.
+
+Each protocol step is a ``dynamo_timed`` event (:func:`timed`), and its
+seconds are added to ``torch._dynamo.utils.counters["collective_autotuning"]``,
 which ``scripts/bench_collective_autotuning.py`` reports.
 """
 
@@ -19,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any, TYPE_CHECKING
 
 import torch
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import counters, dynamo_timed
 
 from .store import CollectiveBenchmarkTimeout
 
@@ -122,12 +129,20 @@ def time_calls(
 
 
 @contextmanager
-def timed(counter: str) -> Iterator[None]:
-    """Add the seconds spent in the block to ``counters["collective_autotuning"][counter]``."""
+def timed(phase: str) -> Iterator[None]:
+    """Time one phase of a session (``"warmup"``, ``"timed"``, ``"sync"``, ...).
+
+    A ``dynamo_timed`` event ``collective_autotuning.<phase>``, so that the
+    phase shows in ``torch._dynamo.utils.compile_times()`` and the trace's
+    chromium events, and its seconds added to
+    ``counters["collective_autotuning"]["<phase>_s"]``, which the benchmark
+    scripts read.
+    """
     started = time.perf_counter()
     try:
-        yield
+        with dynamo_timed(f"collective_autotuning.{phase}"):
+            yield
     finally:
         # Dynamo's counters are typed Counter[str] (int values); a Counter holds
         # float seconds as well, which the benchmark scripts read back.
-        counters["collective_autotuning"][counter] += time.perf_counter() - started  # type: ignore[assignment]
+        counters["collective_autotuning"][f"{phase}_s"] += time.perf_counter() - started  # type: ignore[assignment]

@@ -22,12 +22,31 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 
-__all__ = ["Candidate", "CollectiveBenchmarkConfig", "Member", "OpToTune", "digest"]
+__all__ = [
+    "Candidate",
+    "CollectiveBenchmarkConfig",
+    "InvalidBenchmarkSetting",
+    "Member",
+    "OpToTune",
+    "digest",
+]
 
 
 def digest(text: str) -> str:
     """A short, stable digest of ``text`` (the same in every process)."""
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class InvalidBenchmarkSetting(ValueError):
+    """A :class:`CollectiveBenchmarkConfig` field out of its range.
+
+    ``field`` names it, so that a caller that read the value from somewhere
+    else (``torch._inductor.config``) can name that source instead.
+    """
+
+    def __init__(self, field: str, expected: str, value: object) -> None:
+        super().__init__(f"{field} must be {expected}, got {value!r}")
+        self.field, self.expected = field, expected
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,39 +80,26 @@ class CollectiveBenchmarkConfig:
     allow_gloo_overlap: bool = False
     """Let candidates that keep several collectives in flight on one gloo group compete."""
 
+    decision_dir: str | None = dataclasses.field(
+        default=None, compare=False, repr=False
+    )
+    """Where agreed decisions are stored for later processes (``None``: nowhere).
+
+    Each host has its own, so the members do not compare it.
+    """
+
     def __post_init__(self) -> None:
-        if self.nruns < 1:
-            raise ValueError(f"nruns must be >= 1, got {self.nruns}")
-        if self.nwarmup < 0 or self.retries < 0 or self.tie_tolerance < 0:
-            raise ValueError(f"nwarmup, retries and tie_tolerance must be >= 0: {self}")
-        if self.timeout <= timedelta(0):
-            raise ValueError(f"timeout must be positive, got {self.timeout}")
-        if self.max_wait < self.timeout:
-            raise ValueError(
-                f"max_wait ({self.max_wait}) must be at least the timeout ({self.timeout})"
-            )
-        if not 0.5 <= self.confidence < 1.0:
-            raise ValueError(f"confidence must be in [0.5, 1), got {self.confidence}")
-
-    @classmethod
-    def from_inductor_config(cls) -> CollectiveBenchmarkConfig:
-        """The values set in ``torch._inductor.config``."""
-        from torch._inductor import config
-
-        timeout = timedelta(seconds=config.collective_benchmark_timeout)
-        return cls(
-            timeout=timeout,
-            nwarmup=config.inductor_default_autotune_warmup,
-            nruns=config.collective_benchmark_nruns,
-            retries=config.collective_benchmark_retries,
-            tie_tolerance=config.collective_benchmark_tie_tolerance,
-            screen=config.collective_benchmark_screen_results,
-            max_wait=max(
-                timedelta(seconds=config.collective_benchmark_max_wait), timeout
-            ),
-            confidence=config.collective_benchmark_confidence,
-            allow_gloo_overlap=config.collective_benchmark_allow_gloo_overlap,
-        )
+        for field, valid, expected in (
+            ("timeout", self.timeout > timedelta(0), "positive"),
+            ("nwarmup", self.nwarmup >= 0, ">= 0"),
+            ("nruns", self.nruns >= 1, ">= 1"),
+            ("retries", self.retries >= 0, ">= 0"),
+            ("tie_tolerance", self.tie_tolerance >= 0, ">= 0"),
+            ("max_wait", self.max_wait >= self.timeout, "at least the timeout"),
+            ("confidence", 0.5 <= self.confidence < 1.0, "in [0.5, 1)"),
+        ):
+            if not valid:
+                raise InvalidBenchmarkSetting(field, expected, getattr(self, field))
 
 
 @dataclasses.dataclass(frozen=True)
