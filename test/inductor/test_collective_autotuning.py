@@ -904,7 +904,7 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
 
     TIMEOUT = datetime.timedelta(seconds=3)
 
-    def _benchmarker(self):
+    def _benchmarker(self, **settings):
         from torch._inductor.runtime.collective_benchmarking.benchmarker import (
             CollectiveBenchmarker,
         )
@@ -913,9 +913,10 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         )
 
         self._init_process_group()
-        return CollectiveBenchmarker(
-            None, CollectiveBenchmarkConfig(timeout=self.TIMEOUT, nwarmup=1, nruns=1)
+        config = CollectiveBenchmarkConfig(
+            timeout=self.TIMEOUT, nwarmup=1, nruns=1, **settings
         )
+        return CollectiveBenchmarker(None, config)
 
     def test_ranks_tuning_different_ops_fail_together(self):
         from torch._inductor.runtime.collective_benchmarking.store import (
@@ -936,18 +937,11 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
             decision_cache,
             types as ct,
         )
-        from torch._inductor.runtime.collective_benchmarking.benchmarker import (
-            CollectiveBenchmarker,
-        )
 
-        self._init_process_group()
         stored = os.path.join(
             os.environ["TORCHINDUCTOR_CACHE_DIR"], "collective_decisions"
         )
-        config = ct.CollectiveBenchmarkConfig(
-            timeout=self.TIMEOUT, nwarmup=1, nruns=1, decision_dir=stored
-        )
-        benchmarker = CollectiveBenchmarker(None, config)
+        benchmarker = self._benchmarker(decision_dir=stored)
         ran = collections.Counter()
 
         def candidate(name: str, is_default: bool = False) -> ct.Candidate:
