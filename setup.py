@@ -14,8 +14,16 @@ setup(
     packages=find_packages(include=["torch_patch_stack", "torch_patch_stack.*"]),
     python_requires="==3.11.*",
     extras_require={
-        # redis: the client of Inductor's remote caches, for the shared-cache tests.
-        "test": ["pytest", "expecttest", "hypothesis", "numpy", "redis"]
+        # redis: the client of Inductor's remote caches, for the shared-cache tests;
+        # tlparse: reads TORCH_TRACE logs, as users do, for the trace tests.
+        "test": [
+            "pytest",
+            "expecttest",
+            "hypothesis",
+            "numpy",
+            "redis",
+            "tlparse==0.4.3",
+        ]
     },
     entry_points={"console_scripts": ["patchstack = torch_patch_stack.cli:main"]},
 )

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv/ (Python 3.11) with the patched torch wheel (the release that
 # patches/series names, built from the official wheel), this project, pytest,
-# expecttest, hypothesis and the redis client, and Debian's redis-server
+# expecttest, hypothesis, the redis client and tlparse, and Debian's redis-server
 # where it can (below).  Idempotent: when patches/ and torch_overlay/ are
 # what the installed torch was built from, it only checks.  The first set-up
 # of a release downloads its wheel and torch's dependencies (for 2.15.0 the
@@ -45,6 +45,12 @@ install_torch() {
   errors=$(mktemp)
   "${pip[@]}" install "$@" 2>"$errors" || status=$?
   cat "$errors" >&2
+  if [ "$status" -ne 0 ] && grep -q "No space left on device" "$errors"; then
+    log "pip ran out of disk space; torch and its CUDA packages need about 8 GB free:"
+    df -h "$venv" "${TMPDIR:-/tmp}" >&2 || true
+    rm -f "$errors"
+    exit "$status"
+  fi
   if [ "$status" -ne 0 ]; then
     "$python_bin" -m torch_patch_stack.pip_constraints --python "$venv/bin/python" \
       --version "$base" <"$errors" | sed 's/^/bootstrap: /' >&2

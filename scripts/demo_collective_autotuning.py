@@ -23,8 +23,10 @@ winner.  This script
 * checks the compiled op's result exactly against the closed-form
   expectation (every rank's input is known to every rank) and that every
   rank selected the same candidate (exit status 1 otherwise),
-* prints, on rank 0, a table of the timings and the speedup of every
-  candidate over the default.
+* prints, on rank 0, a table of the timings, the speedup of every
+  candidate over the default, and why each won or lost (the same words as
+  the decision's trace artifact and TORCH_LOGS=+collective_autotuning);
+  the winner's line names the rule that chose it.
 
 Run it on CPU with gloo (``scripts/demo.sh`` wraps this)::
 
@@ -167,12 +169,18 @@ class AutotuneRecorder(InductorChoices):
     def __init__(self) -> None:
         super().__init__()
         self.timings: list[dict[ChoiceCaller, float]] = []
+        self.why: list[dict[ChoiceCaller, str]] = []
+        self.rules: list[str] = []
         self.selected: list[ChoiceCaller] = []
 
     def feedback(
         self, timings, name, input_nodes, choices, profiled_time_fn, precompile_times
     ) -> None:
         self.timings.append(dict(timings))
+        # Collective timings carry the group's decision (AgreedTimings): why
+        # each candidate won or lost, and the rule that chose the winner.
+        self.why.append(timings.why())
+        self.rules.append(timings.decision.rule.value)
 
     def override_best_choice(self, best_choice, timings):
         self.selected.append(best_choice)
@@ -200,6 +208,8 @@ def make_input(numel: int, rank: int) -> torch.Tensor:
 class Outcome:
     kind: str
     timings: dict[str, float]  # candidate -> ms on the slowest rank
+    why: dict[str, str]  # candidate -> why it won or lost
+    rule: str  # the rule that chose the winner
     winners: list[str]  # the candidate each rank selected, by rank
 
 
@@ -209,6 +219,8 @@ def autotune(kind: str, numel: int, recorder: AutotuneRecorder) -> Outcome:
     rank, world = dist.get_rank(), dist.get_world_size()
     register_collective_implementations(case.op, kind)
     recorder.timings.clear()
+    recorder.why.clear()
+    recorder.rules.clear()
     recorder.selected.clear()
 
     torch._dynamo.reset()
@@ -217,12 +229,13 @@ def autotune(kind: str, numel: int, recorder: AutotuneRecorder) -> Outcome:
         make_input(numel, rank), dist.group.WORLD.group_name
     )  # compiles, autotunes, runs
 
-    if len(recorder.timings) != 1 or len(recorder.selected) != 1:
+    if len(recorder.timings) != 1 or len(recorder.selected) != 1 or not recorder.why:
         raise RuntimeError(
             f"{kind}: expected one autotuning, saw {len(recorder.timings)} timing tables "
             f"and {len(recorder.selected)} selections"
         )
     timings = {candidate_label(c, kind): ms for c, ms in recorder.timings[0].items()}
+    why = {candidate_label(c, kind): note for c, note in recorder.why[0].items()}
     winner = candidate_label(recorder.selected[0], kind)
 
     expected = case.expected([make_input(numel, r) for r in range(world)], rank)
@@ -232,12 +245,12 @@ def autotune(kind: str, numel: int, recorder: AutotuneRecorder) -> Outcome:
 
     winners: list = [None] * world
     dist.all_gather_object(winners, winner)
-    return Outcome(kind, timings, winners)
+    return Outcome(kind, timings, why, recorder.rules[0], winners)
 
 
 def print_report(outcomes: list[Outcome]) -> None:
-    """One table of every candidate's timing, fastest first, then the winners."""
-    header = ("op", "candidate", "slowest rank (ms)", "speedup vs default", "")
+    """One table of every candidate's timing, fastest first, and why it won or lost."""
+    header = ("op", "candidate", "slowest rank (ms)", "vs default", "chosen", "why")
     rows = []
     for outcome in outcomes:
         default_ms = outcome.timings[DEFAULT]
@@ -250,11 +263,12 @@ def print_report(outcomes: list[Outcome]) -> None:
                     name,
                     f"{ms:.3f}",
                     f"{default_ms / ms:.2f}x",
-                    "<- winner" if name == outcome.winners[0] else "",
+                    f"winner ({outcome.rule})" if name == outcome.winners[0] else "",
+                    outcome.why[name],
                 )
             )
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
-    aligns = [str.ljust, str.ljust, str.rjust, str.rjust, str.ljust]
+    aligns = [str.ljust, str.ljust, str.rjust, str.rjust, str.ljust, str.ljust]
 
     def line(row):
         return "  ".join(
@@ -272,8 +286,14 @@ def print_report(outcomes: list[Outcome]) -> None:
     for outcome in outcomes:
         agreed = outcome.winners.count(outcome.winners[0])
         print(
-            f"{outcome.kind}: winner: {outcome.winners[0]} (agreed by {agreed}/{len(outcome.winners)} ranks)"
+            f"{outcome.kind}: winner: {outcome.winners[0]}, by the {outcome.rule} rule "
+            f"(agreed by {agreed}/{len(outcome.winners)} ranks)"
         )
+    print(
+        "\nRules: a candidate replaces the default only when it is faster in "
+        "significantly many paired runs (sign test) and by more than the noise "
+        "floor (do-no-harm); near-ties go to the default.  docs/design.md says more."
+    )
 
 
 def parse_args() -> argparse.Namespace:

@@ -39,7 +39,7 @@ import torch
 import torch._inductor.config as inductor_config
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import compilation_time_metrics, counters
 from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
@@ -122,6 +122,16 @@ def run(args: argparse.Namespace) -> None:
             for outcome in ("hit", "miss")
         }
         report["counters"] = dict(counters["collective_autotuning"])
+        report["compile_events"] = sorted(
+            key
+            for key in compilation_time_metrics
+            if key.startswith("collective_autotuning.")
+        )
+        report["inductor_counters"] = {
+            key: value
+            for key, value in counters["inductor"].items()
+            if key.startswith("collective_autotuning_")
+        }
     except Exception as error:  # reported, for the test to show
         report["error"] = str(error)[-500:]
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(report))

@@ -54,7 +54,9 @@ class FakeChoice:
 class TestAgreedChoice(TestCase):
     """The winner comes from the group's decision only, whatever the medians say."""
 
-    def agreed(self, decision_winner, times, reason="fastest"):
+    def agreed(
+        self, decision_winner, times, reason="fastest", rule=cd.DecisionRule.FASTEST
+    ):
         # Choices in registration order, the default (the eager op) last, as
         # Inductor lists them; the decision's results put the default first.
         choices = [FakeChoice("first"), FakeChoice("second"), FakeChoice("default")]
@@ -65,14 +67,17 @@ class TestAgreedChoice(TestCase):
             else result(name, [], RAISED)
             for (name, _), time in zip(names, times, strict=True)
         )
-        decision = cd.CollectiveDecision("0", results, decision_winner, reason)
+        decision = cd.CollectiveDecision("0", results, decision_winner, reason, rule)
         return choices, AgreedTimings(choices, names, decision)
 
     def test_the_decision_not_the_medians_names_the_winner(self):
         # "first" is the fastest at the median, but the decision (the sign
         # test or the noise floor) kept the default: the default runs.
         choices, timings = self.agreed(
-            "2:default", [1.0, 2.0, 4.0], "the default stays"
+            "2:default",
+            [1.0, 2.0, 4.0],
+            "the default stays",
+            cd.DecisionRule.DO_NO_HARM,
         )
         self.assertIs(timings.agreed_choice(), choices[2])
         self.assertEqual(
@@ -86,6 +91,7 @@ class TestAgreedChoice(TestCase):
         self.assertIs(timings.agreed_choice(min_speedup_threshold=1.6), choices[2])
         threshold = cd.apply_speedup_threshold(timings.decision, "2:default", 1.6)
         self.assertEqual(threshold.winner, "2:default")
+        self.assertIs(threshold.rule, cd.DecisionRule.MIN_SPEEDUP)
         self.assertIn("1.50x faster, below min_speedup_threshold=1.6", threshold.reason)
 
     def test_a_disqualified_default_is_no_fallback_for_the_threshold(self):

@@ -158,11 +158,32 @@ class TestNoiseRules(TestCase):
             more, fewer
         )  # strictly less in exact arithmetic; floats round 1 - 2**-54 to 1
 
+    def test_a_decision_reads_back_from_json_with_its_rule(self):
+        # Remembered decisions and adopted ones travel as JSON: the rule and
+        # the noise floor that explain them must survive.
+        decision = cd.CollectiveDecision(
+            "0",
+            (result("default", [1.0, 2.0]), result("other", [0.5, 0.5])),
+            "other",
+            "fastest; faster than the default in 2 of 2 runs",
+            cd.DecisionRule.SIGNIFICANT,
+            0.03,
+        )
+        self.assertEqual(cd.decision_from_json(cd.decision_to_json(decision)), decision)
+
+    def test_nothing_qualified_is_its_own_rule(self):
+        failed = cd.CandidateResult("a", (cd.RankReport(cd.CandidateStatus.RAISED),))
+        self.assertEqual(
+            cd.decide([failed], True, 0.02, 0.95)[:2],
+            (None, cd.DecisionRule.ALL_FAILED),
+        )
+
     def test_a_faster_candidate_replaces_the_default(self):
         default = result("default", [10.0, 11.0, 10.5, 10.2, 10.8, 10.1])
         faster = result("faster", [8.0, 9.0, 8.5, 8.2, 8.8, 8.1])
-        index, reason = cd.decide([default, faster], True, 0.02, 0.95)
+        index, rule, reason, _ = cd.decide([default, faster], True, 0.02, 0.95)
         self.assertEqual(index, 1)
+        self.assertIs(rule, cd.DecisionRule.SIGNIFICANT)
         self.assertIn("faster than the default in 6 of 6 runs", reason)
 
     def test_an_advantage_within_the_noise_keeps_the_default(self):
@@ -170,14 +191,18 @@ class TestNoiseRules(TestCase):
         default = result("default", [10.0, 30.0, 10.0, 30.0, 10.0, 30.0])
         candidate = result("noisy", [5.0, 5.0, 12.0, 5.0, 12.0, 5.0])
         self.assertLess(candidate.time_ms, default.time_ms)
-        index, reason = cd.decide([default, candidate], True, 0.02, 0.95)
+        index, rule, reason, _ = cd.decide([default, candidate], True, 0.02, 0.95)
         self.assertEqual(index, 0)
+        self.assertIs(rule, cd.DecisionRule.DO_NO_HARM)
         self.assertIn(
             "the default stays: noisy was faster than the default in 4 of 6 runs",
             reason,
         )
         # Without a default there is nothing to protect: the fastest wins.
-        self.assertEqual(cd.decide([candidate, default], False, 0.02, 0.95)[0], 0)
+        self.assertEqual(
+            cd.decide([candidate, default], False, 0.02, 0.95)[:2],
+            (0, cd.DecisionRule.FASTEST),
+        )
 
     def test_an_advantage_below_the_noise_floor_keeps_the_default(self):
         # Faster in every run, but by 3%, where two runs of the default
@@ -185,8 +210,8 @@ class TestNoiseRules(TestCase):
         default = result("default", [10.0] * 12)
         twin = result("default (again)", [10.8, 9.2] * 6)
         candidate = result("slightly", [9.7] * 12)
-        index, reason = cd.decide([default, candidate], True, 0.02, 0.95, twin)
-        self.assertEqual(index, 0)
+        index, rule, reason, _ = cd.decide([default, candidate], True, 0.02, 0.95, twin)
+        self.assertEqual((index, rule), (0, cd.DecisionRule.DO_NO_HARM))
         self.assertIn("by 3.0% at the median against a noise floor of 8.0%", reason)
         self.assertAlmostEqual(cd.noise_floor(default, twin), 0.08)
         # The same candidate, in a quiet session, replaces the default.
@@ -197,7 +222,7 @@ class TestNoiseRules(TestCase):
         default = result("default", [10.0, 12.0] * 6)
         twin = result("default (again)", [11.0, 11.0] * 6)
         candidate = result("much", [6.0, 7.0] * 6)
-        index, reason = cd.decide([default, candidate], True, 0.02, 0.95, twin)
+        index, _, reason, _ = cd.decide([default, candidate], True, 0.02, 0.95, twin)
         self.assertEqual(index, 1, reason)
 
     def test_a_failed_twin_leaves_the_sign_test(self):
@@ -221,8 +246,9 @@ class TestNoiseRules(TestCase):
                     runs[index].append(1.0 * 1.01**clock)
                     clock += 1
             results = [result(str(index), runs[index]) for index in range(3)]
-            winner, _ = cd.decide(results, True, 0.02, 0.95)
+            winner, rule, *_ = cd.decide(results, True, 0.02, 0.95)
             self.assertEqual(winner, 0, seed)
+            self.assertIn(rule, (cd.DecisionRule.FASTEST, cd.DecisionRule.NEAR_TIE))
             times = [r.time_ms for r in results]
             self.assertLess(max(times) / min(times), 1.1, seed)
 

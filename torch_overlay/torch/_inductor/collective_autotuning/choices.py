@@ -32,6 +32,7 @@ from torch._inductor.runtime.collective_benchmarking.decisions import (
     CollectiveDecision,
     is_default_choice,
 )
+from torch._inductor.runtime.collective_benchmarking.reporting import explain
 from torch._inductor.runtime.collective_benchmarking.store import (
     CollectiveBenchmarkError,
 )
@@ -352,6 +353,15 @@ class AgreedTimings(dict[Any, float]):
             name: choice for choice, (name, _) in zip(choices, names, strict=True)
         }
         self._default = next((name for name, is_default in names if is_default), None)
+
+    def why(self) -> dict[Any, str]:
+        """Why each choice won or lost, as the trace and TORCH_LOGS say it
+        (``reporting.explain``): the same on every rank."""
+        notes = explain(self.decision, self._default, benchmark_config().confidence)
+        return {
+            self._choice_named[result.name]: note
+            for result, note in zip(self.decision.results, notes, strict=True)
+        }
 
     def agreed_choice(self, min_speedup_threshold: float = 1.0) -> Any:
         """The choice every rank of the group runs.

@@ -17,6 +17,8 @@ Its modules, from the bottom up; each imports only modules listed before it:
 * ``liveness.py``: every process's heartbeat in the store, and its watch over the
   member a rendezvous waits for;
 * ``channels.py``: the private process groups candidates run on;
+* ``reporting.py``: each decision in the trace (a tlparse artifact) and in
+  TORCH_LOGS, with why each candidate won or lost;
 * ``decision_cache.py``: decisions remembered across compiles and processes, and
   the sessions a compiled program took part in;
 * ``control.py``: agreement over the job's store: a session's rendezvous, and when

@@ -113,7 +113,6 @@ lowering of every candidate left running); ``presync`` counts joins, ``exchanges
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any, TYPE_CHECKING
 
@@ -133,6 +132,7 @@ from .decisions import (
 from .groups import process_group_topology, resolve_group
 from .join import join
 from .liveness import ensure_heartbeat
+from .reporting import describe, DecisionSource, publish
 from .session import SessionRun
 from .store import CollectiveBenchmarkTimeout, STORE_PREFIX
 from .timing import timed
@@ -215,9 +215,12 @@ class CollectiveBenchmarker:
         qualified).  Raises :class:`CollectiveBenchmarkError` on every healthy
         member when a member is lost or the members' ops differ; never returns
         a decision that a healthy member does not share.
+
+        Each decision is reported in the trace and in TORCH_LOGS
+        (``reporting.py``), and the session is a compile event,
+        ``collective_autotuning.session``, whose time the compile's metrics
+        hold as ``collective_autotuning_time_us``.
         """
-        ensure_heartbeat(self.config.timeout)
-        started = time.perf_counter()
         for op in ops:
             if sum(candidate.is_default for candidate in op.candidates) > 1:
                 raise ValueError(
@@ -229,7 +232,22 @@ class CollectiveBenchmarker:
             # compile replaces: the group met for it, it must not meet again
             # (nor compared code: the program counts as this rank's own).
             decision_cache.record(self, ops, replayed, same_code=False)
+            for op, decision in zip(ops, replayed, strict=True):
+                self._publish(op, decision, DecisionSource.REPLAYED)
             return replayed
+        with timed(
+            "session",
+            compile_metric="collective_autotuning_time_us",
+            group=self.group_name,
+            candidates=sum(len(op.candidates) for op in ops),
+        ):
+            return self._run_session(ops, known)
+
+    def _run_session(
+        self, ops: Sequence[OpToTune], known: Sequence[CollectiveDecision] | None
+    ) -> list[CollectiveDecision]:
+        ensure_heartbeat(self.config.timeout)
+        started = time.perf_counter()
         remembered: list[CollectiveDecision | None] = (
             list(known)
             if known is not None
@@ -248,13 +266,18 @@ class CollectiveBenchmarker:
             joined = join(self, control, ops, ordered, remembered)
             # Compiled only now, and only what the group benchmarks: an op
             # that some member remembers is compiled by nobody.
+            metadata: dict[str, Any] = {
+                "group": self.group_name,
+                "candidates": sum(len(ordered[i]) for i in joined.to_run),
+            }
             prepared = time.perf_counter()
-            prepare_errors = self._prepare(ordered, joined.to_run)
+            with timed("compile", "prepare", **metadata):
+                prepare_errors = self._prepare(ordered, joined.to_run)
             compiled = time.perf_counter()
             if any(c.prepare for i in joined.to_run for c in ordered[i]):
                 # Members compile for different times: the first warmup's
                 # collective, bounded by the timeout, must not wait for them.
-                with timed("presync"):
+                with timed("ready", "presync", **metadata):
                     control.barrier("ready", "the end of compiling the candidates")
             run = SessionRun(
                 self.config,
@@ -274,6 +297,7 @@ class CollectiveBenchmarker:
             results = run.run() if joined.to_run else []
         decisions = []
         positions = {op: position for position, op in enumerate(joined.to_run)}
+        inductor_stats = counters["inductor"]
         for i, op in enumerate(ops):
             if i in positions:
                 decision = self._decide(
@@ -281,18 +305,35 @@ class CollectiveBenchmarker:
                     has_default=ordered[i][0].is_default,
                     twin=run.twin_results[positions[i]],
                 )
+                source = DecisionSource.BENCHMARKED
+                for result in decision.results:
+                    if result.status is not CandidateStatus.OK:
+                        inductor_stats[
+                            "collective_autotuning_disqualified_"
+                            + result.status.name.lower()
+                        ] += 1
             else:
                 decision = decision_cache.adopt(joined.adopted[i], op)
+                # The join hands back this member's own decision object when
+                # it was the one the group adopted.
+                source = (
+                    DecisionSource.ADOPTED
+                    if joined.adopted[i] is not remembered[i]
+                    else DecisionSource.CACHE_HIT
+                    if known is not None
+                    else DecisionSource.REMEMBERED
+                )
+                inductor_stats["collective_autotuning_decisions_adopted"] += 1
             decision_cache.remember(self, op, decision)
-            self._log(decision, op.key)
+            self._publish(op, decision, source)
             decisions.append(decision)
         decision_cache.record(self, ops, decisions, same_code=joined.same_code)
+        inductor_stats["collective_autotuning_sessions"] += 1
         stats = counters["collective_autotuning"]
         stats["ops"] += len(joined.to_run)
         stats["recalled"] += len(ops) - len(joined.to_run)
-        # float seconds in Dynamo's int-typed counters: see timing.timed
-        stats["prepare_s"] += compiled - prepared  # type: ignore[assignment]
-        # The session besides compiling: joins, runs and agreements.
+        # The session besides compiling: joins, runs and agreements (float
+        # seconds in Dynamo's int-typed counters: see timing.timed).
         session_s = time.perf_counter() - started - (compiled - prepared)
         stats["session_s"] += session_s  # type: ignore[assignment]
         return decisions
@@ -352,7 +393,7 @@ class CollectiveBenchmarker:
                     finish = attempt((i, index), candidate.name, candidate.prepare)
                     if callable(finish):
                         running.append(((i, index), candidate.name, finish))
-        with timed("build_wait"):
+        with timed("build_wait", group=self.group_name, candidates=len(running)):
             for position, name, finish in running:
                 attempt(position, name, finish)
         return failed
@@ -363,40 +404,45 @@ class CollectiveBenchmarker:
         has_default: bool,
         twin: CandidateResult | None = None,
     ) -> CollectiveDecision:
-        index, reason = decide(
+        verdict = decide(
             results,
             has_default,
             self.config.tie_tolerance,
             self.config.confidence,
             twin,
         )
-        winner = None if index is None else results[index].name
-        return CollectiveDecision(self.group_name, tuple(results), winner, reason)
+        winner = None if verdict.winner is None else results[verdict.winner].name
+        return CollectiveDecision(
+            self.group_name,
+            tuple(results),
+            winner,
+            verdict.reason,
+            verdict.rule,
+            verdict.noise_floor,
+        )
 
-    def _log(self, decision: CollectiveDecision, key: str) -> None:
-        if not decision_log.isEnabledFor(logging.DEBUG):
-            return
-        lines = [
-            f"collective autotuning of {key} over group {decision.group_name!r} "
-            f"({self.size} ranks, {self.config.nruns} timed runs, timeout "
-            f"{self.config.timeout.total_seconds():g}s), on rank {self.rank}: "
-            f"winner {decision.winner} ({decision.reason})"
-        ]
-        for result in decision.results:
-            per_rank = "  ".join(
-                f"r{rank}:{report.status.name.lower()}"
-                + ("" if math.isnan(report.median_ms) else f" {report.median_ms:.4f}ms")
-                for rank, report in enumerate(result.reports)
+    def _publish(
+        self, op: OpToTune, decision: CollectiveDecision, source: DecisionSource
+    ) -> None:
+        default = next((c.name for c in op.candidates if c.is_default), None)
+        publish(
+            decision,
+            op.key,
+            tuning_key=op.memo_key,
+            ranks=dist.get_process_group_ranks(self.group),
+            source=source,
+            default=default,
+            confidence=self.config.confidence,
+        )
+        if decision_log.isEnabledFor(logging.DEBUG):
+            header = (
+                f"collective autotuning of {op.key} over group {decision.group_name!r} "
+                f"({self.size} ranks, {self.config.nruns} timed runs, timeout "
+                f"{self.config.timeout.total_seconds():g}s), on rank {self.rank}"
             )
-            verdict = (
-                f"{result.time_ms:.4f} ms"
-                if result.status is CandidateStatus.OK
-                else f"disqualified ({result.status.name.lower()} in {result.stage})"
+            decision_log.debug(
+                describe(decision, header, source, default, self.config.confidence)
             )
-            lines.append(
-                f"  {result.name:<40} {verdict:<40} attempts={result.attempts}  {per_rank}"
-            )
-        decision_log.debug("\n".join(lines))
 
 
 def _twin(first: Candidate) -> Candidate | None:

@@ -306,6 +306,7 @@ class BenchmarkChannel:
         tensor = self._tensor(values)
         gathered = [torch.empty_like(tensor) for _ in range(self.group.size())]
         self._wait(self.get().allgather([gathered], [tensor]))
+        _count_bytes(tensor.nbytes * (1 + len(gathered)))
         return [row.tolist() for row in gathered]
 
     def all_reduce_max(self, value: float) -> float:
@@ -315,6 +316,7 @@ class BenchmarkChannel:
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.MAX
         self._wait(self.get().allreduce([tensor], options))
+        _count_bytes(2 * tensor.nbytes)
         return float(tensor.item())
 
     def _tensor(self, values: list[float]) -> torch.Tensor:
@@ -328,3 +330,9 @@ class BenchmarkChannel:
                 "a benchmark collective did not complete within "
                 f"{time.monotonic() - started:.1f}s"
             )
+
+
+def _count_bytes(nbytes: int) -> None:
+    # What this member sent and received in the protocol's own collectives
+    # (the payload, not the backend's framing).
+    counters["inductor"]["collective_autotuning_bytes_exchanged"] += nbytes

@@ -101,7 +101,7 @@ _remembered: _Remembered = clear_on_fresh_cache(_Remembered())
 _pre_agreed: dict[tuple[str, str], CollectiveDecision] = {}
 
 # Bumped when what a stored decision means changes.
-_STORED_DECISION_FORMAT = 1
+_STORED_DECISION_FORMAT = 2
 
 
 def _memo_key(member: Member, op: OpToTune) -> tuple[str, ...] | None:
@@ -220,6 +220,8 @@ def adopt(remembered: CollectiveDecision, op: OpToTune) -> CollectiveDecision:
         ),
         None if remembered.winner is None else renamed[remembered.winner],
         f"{remembered.reason}; remembered from an earlier session, adopted by every rank",
+        remembered.rule,
+        remembered.noise_floor,
     )
 
 

@@ -14,7 +14,7 @@ import json
 import math
 import random
 import statistics
-from typing import Any, TYPE_CHECKING
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
 
@@ -26,10 +26,13 @@ __all__ = [
     "CandidateResult",
     "CandidateStatus",
     "CollectiveDecision",
+    "DecisionRule",
+    "PairedComparison",
     "RankReport",
     "SCREENING_TOLERANCES",
     "apply_speedup_threshold",
     "beats_default",
+    "compare_with_default",
     "decide",
     "noise_floor",
     "relative_advantages",
@@ -42,6 +45,7 @@ __all__ = [
     "outputs_match",
     "pick_winner",
     "sign_test_p_value",
+    "Verdict",
 ]
 
 
@@ -126,14 +130,33 @@ class CandidateResult:
         return statistics.median(runs)
 
 
+class DecisionRule(enum.Enum):
+    """The rule that chose an op's winner; its value is the name reports give it."""
+
+    FASTEST = "fastest"  # the fastest qualified candidate, nothing to beat
+    NEAR_TIE = "near-tie"  # within tie_tolerance of the fastest, and earlier
+    SIGNIFICANT = "faster and significant"  # beat the default beyond noise
+    DO_NO_HARM = "do-no-harm"  # the default stays: the others did not beat it
+    ALL_FAILED = "every candidate failed"  # nothing qualified: the default runs
+    MIN_SPEEDUP = "below min_speedup_threshold"  # the default stays
+
+
 @dataclasses.dataclass(frozen=True)
 class CollectiveDecision:
-    """The outcome of a session for one op, identical on every rank of the group."""
+    """The outcome of a session for one op, identical on every rank of the group.
+
+    ``rule`` is the rule of :func:`decide` (or :func:`apply_speedup_threshold`)
+    that chose ``winner``, and ``reason`` says it in words;
+    ``noise_floor`` is the session's (:func:`noise_floor`), 0 when the
+    default had no twin.
+    """
 
     group_name: str
     results: tuple[CandidateResult, ...]
     winner: str | None
     reason: str
+    rule: DecisionRule
+    noise_floor: float = 0.0
 
     def time_ms(self, name: str) -> float:
         return next(result.time_ms for result in self.results if result.name == name)
@@ -146,6 +169,8 @@ def decision_to_json(decision: CollectiveDecision) -> str:
             "group": decision.group_name,
             "winner": decision.winner,
             "reason": decision.reason,
+            "rule": decision.rule.name,
+            "noise_floor": decision.noise_floor,
             "results": [
                 {
                     "name": result.name,
@@ -176,7 +201,14 @@ def decision_from_json(text: str) -> CollectiveDecision:
         )
         for result in raw["results"]
     )
-    return CollectiveDecision(raw["group"], results, raw["winner"], raw["reason"])
+    return CollectiveDecision(
+        raw["group"],
+        results,
+        raw["winner"],
+        raw["reason"],
+        DecisionRule[raw["rule"]],
+        raw["noise_floor"],
+    )
 
 
 # --- choosing -------------------------------------------------------------------
@@ -234,6 +266,41 @@ def noise_floor(default: CandidateResult, twin: CandidateResult | None) -> float
     return statistics.median(differences) if differences else 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class PairedComparison:
+    """A candidate against the default, run by run (they ran interleaved).
+
+    ``wins`` of ``runs`` paired runs were faster than the default's;
+    ``p_value`` is their one-sided :func:`sign_test_p_value`, and
+    ``advantage`` the median relative advantage (negative: slower).
+    """
+
+    wins: int
+    runs: int
+    p_value: float
+    advantage: float
+
+    def summary(self, floor: float) -> str:
+        return (
+            f"faster than the default in {self.wins} of {self.runs} runs (sign test "
+            f"p={self.p_value:.3g}), by {self.advantage:.1%} at the median against "
+            f"a noise floor of {floor:.1%}"
+        )
+
+
+def compare_with_default(
+    candidate: CandidateResult, default: CandidateResult
+) -> PairedComparison:
+    """How ``candidate`` did against ``default`` in their paired timed runs."""
+    advantages = relative_advantages(candidate, default)
+    return PairedComparison(
+        wins=sum(a > 0 for a in advantages),
+        runs=len(advantages),
+        p_value=sign_test_p_value(advantages),
+        advantage=statistics.median(advantages) if advantages else 0.0,
+    )
+
+
 def beats_default(
     candidate: CandidateResult,
     default: CandidateResult,
@@ -249,17 +316,21 @@ def beats_default(
     default and its ``twin`` (:func:`noise_floor`), so that a difference of
     the size that two runs of one program show is never taken for a speedup.
     """
-    advantages = relative_advantages(candidate, default)
-    p_value = sign_test_p_value(advantages)
-    faster = sum(a > 0 for a in advantages)
-    advantage = statistics.median(advantages) if advantages else 0.0
+    comparison = compare_with_default(candidate, default)
     floor = noise_floor(default, twin)
-    summary = (
-        f"faster than the default in {faster} of {len(advantages)} runs (sign test "
-        f"p={p_value:.3g}), by {advantage:.1%} at the median against a noise floor "
-        f"of {floor:.1%}"
-    )
-    return p_value <= 1.0 - confidence and advantage > floor, summary
+    beats = comparison.p_value <= 1.0 - confidence and comparison.advantage > floor
+    return beats, comparison.summary(floor)
+
+
+class Verdict(NamedTuple):
+    """What :func:`decide` chose: the index of the winner (``None``: nothing
+    qualified), the rule that chose it, the reason in words, and the
+    session's :func:`noise_floor` (0 without a default and its twin)."""
+
+    winner: int | None
+    rule: DecisionRule
+    reason: str
+    noise_floor: float = 0.0
 
 
 def decide(
@@ -268,9 +339,9 @@ def decide(
     tie_tolerance: float,
     confidence: float,
     twin: CandidateResult | None = None,
-) -> tuple[int | None, str]:
-    """The winner's index among ``results`` (in preference order, the default first when
-    ``has_default``) and the reason; ``None`` when nothing qualified.
+) -> Verdict:
+    """The winner among ``results`` (in preference order, the default first when
+    ``has_default``), the rule that chose it and the reason.
 
     The fastest qualified candidate wins, near-ties going to the earlier
     (:func:`pick_winner`); a winner other than the default must also beat the
@@ -280,24 +351,35 @@ def decide(
     times = [result.time_ms for result in results]
     index = pick_winner(times, tie_tolerance)
     if index is None:
-        return None, "no candidate qualified: every rank uses the default"
+        return Verdict(
+            None,
+            DecisionRule.ALL_FAILED,
+            "no candidate qualified: every rank uses the default",
+        )
     fastest = min(times)
-    reason = (
-        "fastest"
+    rule, reason = (
+        (DecisionRule.FASTEST, "fastest")
         if times[index] == fastest
         else (
-            f"within {tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); ties go to "
-            "the default, then to registration order"
+            DecisionRule.NEAR_TIE,
+            f"within {tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); ties go "
+            "to the default, then to registration order",
         )
     )
-    if not has_default or index == 0 or results[0].status is not CandidateStatus.OK:
-        return index, reason
+    if not has_default or results[0].status is not CandidateStatus.OK:
+        return Verdict(index, rule, reason)
+    floor = noise_floor(results[0], twin)
+    if index == 0:
+        return Verdict(index, rule, reason, floor)
     beats, summary = beats_default(results[index], results[0], confidence, twin)
     if beats:
-        return index, f"{reason}; {summary}"
-    return 0, (
+        return Verdict(index, DecisionRule.SIGNIFICANT, f"{reason}; {summary}", floor)
+    return Verdict(
+        0,
+        DecisionRule.DO_NO_HARM,
         f"the default stays: {results[index].name} was {summary}: within the "
-        f"session's noise at {confidence:.0%} confidence"
+        f"session's noise at {confidence:.0%} confidence",
+        floor,
     )
 
 
@@ -335,6 +417,7 @@ def apply_speedup_threshold(
     return dataclasses.replace(
         decision,
         winner=default,
+        rule=DecisionRule.MIN_SPEEDUP,
         reason=(
             f"the default stays: {winner} ({decision.reason}) is {speedup:.2f}x "
             f"faster, below min_speedup_threshold={threshold:g}"

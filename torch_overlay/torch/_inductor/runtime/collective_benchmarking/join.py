@@ -149,7 +149,12 @@ def join(
     code = digest(repr([op.memo_key for op in ops]))
     control.post_same("code", code)
     control.count(f"digest/{tuned}")
-    with timed("presync"):
+    with timed(
+        "join",
+        "presync",
+        group=member.group_name,
+        candidates=sum(len(candidates) for candidates in ordered),
+    ):
         control.barrier("join", "the start of autotuning")
     counters["collective_autotuning"]["presync"] += 1
     excluded: dict[tuple[int, int], CandidateResult] = {}

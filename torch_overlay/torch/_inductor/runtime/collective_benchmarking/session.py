@@ -88,6 +88,17 @@ __all__ = ["SessionRun", "classify"]
 log = logging.getLogger(__name__)
 
 
+def _phase_metadata(
+    control: ControlStore, plans: Sequence[tuple[str, Sequence[Candidate]]]
+) -> dict[str, Any]:
+    # What each phase's compile event names: the group, and how many
+    # candidates the session benchmarks (the ops' own, without twins).
+    return {
+        "group": control.group_name,
+        "candidates": sum(len(candidates) for _, candidates in plans),
+    }
+
+
 def classify(error: BaseException) -> CandidateStatus:
     """The status of a step that raised ``error`` on this member."""
     # Backends report a timed-out collective with their own error types and
@@ -214,7 +225,9 @@ class _FailureAgreements:
         exchange, commit = len(schedule), len(schedule) + 1
         self.epoch += 1
         counters["collective_autotuning"]["failure_agreements"] += 1
-        with timed("sync"):
+        with timed(
+            "failure_agreement", "sync", **_phase_metadata(self.control, self.plans)
+        ):
             posts = self.control.gather(
                 f"failure{self.epoch}", failure, "failure agreement", also="committed"
             )
@@ -332,6 +345,7 @@ class SessionRun:
         ]
         self._has_twin = [twin is not None for twin in twins]
         self.twin_results: list[CandidateResult | None] = [None] * len(plans)
+        self._metadata = _phase_metadata(control, plans)
 
     def _unsafe(
         self,
@@ -488,7 +502,7 @@ class SessionRun:
             if timed_steps:
                 calls = [candidates[schedule[i].candidate].fn for i in timed_steps]
                 try:
-                    with timed("timed"):
+                    with timed("timed", **self._metadata):
                         times = time_calls(
                             calls, self.device, self.config.timeout.total_seconds()
                         )
@@ -512,7 +526,7 @@ class SessionRun:
         counters["collective_autotuning"]["rounds"] += 1
         status = CandidateStatus.OK
         try:
-            with timed("warmup"):
+            with timed("warmup", **self._metadata):
                 for run in range(max(1, self.config.nwarmup)):
                     value = candidate.fn()
                     if run == 0:
@@ -547,7 +561,7 @@ class SessionRun:
             for value in local.flatten(op, index, self.config.nruns)
         ]
         try:
-            with timed("sync"):
+            with timed("exchange", "sync", **self._metadata):
                 gathered = self.channel.all_gather(flat)
         except Exception as error:
             raise _StepFailed(classify(error), "exchange", error) from error
@@ -556,7 +570,7 @@ class SessionRun:
 
     def _commit(self) -> None:
         try:
-            with timed("sync"):
+            with timed("commit", "sync", **self._metadata):
                 self.channel.all_reduce_max(0.0)
         except Exception as error:
             raise _StepFailed(classify(error), "commit", error) from error

@@ -13,9 +13,10 @@ collectives and deadlock; they also wait with ``synchronize()``, without a
 deadline, and time each function alone, where a session interleaves its
 candidates' runs so that they share the machine's noise.
 
-Each protocol step is a ``dynamo_timed`` event (:func:`timed`), and its
-seconds are added to ``torch._dynamo.utils.counters["collective_autotuning"]``,
-which ``scripts/bench_collective_autotuning.py`` reports.
+Each protocol step is a ``dynamo_timed`` event (:func:`timed`) that names
+its group and its number of candidates, and its seconds are added to
+``torch._dynamo.utils.counters["collective_autotuning"]``, which
+``scripts/bench_collective_autotuning.py`` reports.
 """
 
 from __future__ import annotations
@@ -129,20 +130,36 @@ def time_calls(
 
 
 @contextmanager
-def timed(phase: str) -> Iterator[None]:
-    """Time one phase of a session (``"warmup"``, ``"timed"``, ``"sync"``, ...).
+def timed(
+    phase: str,
+    counter: str | None = None,
+    *,
+    compile_metric: str | None = None,
+    **metadata: object,
+) -> Iterator[None]:
+    """Time one phase of a session (``"join"``, ``"warmup"``, ``"exchange"``, ...).
 
-    A ``dynamo_timed`` event ``collective_autotuning.<phase>``, so that the
-    phase shows in ``torch._dynamo.utils.compile_times()`` and the trace's
-    chromium events, and its seconds added to
-    ``counters["collective_autotuning"]["<phase>_s"]``, which the benchmark
-    scripts read.
+    A ``dynamo_timed`` event ``collective_autotuning.<phase>``, carrying
+    ``metadata`` (the group, the number of candidates) as its chromium
+    event's arguments, so that the phase shows in
+    ``torch._dynamo.utils.compile_times()`` and in the trace's chromium
+    events; and its seconds added to
+    ``counters["collective_autotuning"]["<counter>_s"]`` (``counter``
+    defaults to ``phase``), which the benchmark scripts read.
+    ``compile_metric`` names a field of Dynamo's ``CompilationMetrics``
+    that the phase's time, in microseconds, is added to.
     """
     started = time.perf_counter()
     try:
-        with dynamo_timed(f"collective_autotuning.{phase}"):
+        with dynamo_timed(
+            f"collective_autotuning.{phase}",
+            metadata=metadata,
+            dynamo_compile_column_us=compile_metric,
+        ):
             yield
     finally:
         # Dynamo's counters are typed Counter[str] (int values); a Counter holds
         # float seconds as well, which the benchmark scripts read back.
-        counters["collective_autotuning"][f"{phase}_s"] += time.perf_counter() - started  # type: ignore[assignment]
+        counters["collective_autotuning"][f"{counter or phase}_s"] += (  # type: ignore[assignment]
+            time.perf_counter() - started
+        )

@@ -1,0 +1,243 @@
+"""What a collective autotuning decision says about itself, in the tools people read.
+
+Each decision is reported on every rank of its group, in two forms that say
+the same thing:
+
+* a structured artifact, ``collective_autotuning_decision``, through
+  ``trace_structured``: with ``TORCH_TRACE`` set, tlparse lists it under the
+  compile that made it.  Its JSON payload names the op and its tuning key,
+  the group (name, size, global ranks), each candidate's status per rank,
+  agreed time and paired comparison with the default, the session's noise
+  floor, the winner, the rule that chose it (:class:`DecisionRule`) and how
+  this compile came by it (:class:`DecisionSource`);
+* a table in the ``collective_autotuning`` TORCH_LOGS artifact, with a
+  column that says why each candidate won or lost (:func:`explain`).
+
+Decisions taken without benchmarking (remembered, adopted from a peer, a
+cached program's, or agreed at its replay) are reported too, saying so: a
+trace shows every collective choice of a compile, not only the ones it
+measured.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+from typing import TYPE_CHECKING
+
+from torch._logging import trace_structured
+
+from .decisions import (
+    CandidateStatus,
+    CollectiveDecision,
+    compare_with_default,
+)
+
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+__all__ = ["ARTIFACT_NAME", "DecisionSource", "describe", "explain", "publish"]
+
+# The name tlparse lists the artifact under (``<name>_<n>.json`` in a compile's folder).
+ARTIFACT_NAME = "collective_autotuning_decision"
+
+
+class DecisionSource(enum.Enum):
+    """How a compile came by a decision; its value is the name reports give it."""
+
+    BENCHMARKED = "benchmarked"  # by this session's group
+    REMEMBERED = "remembered"  # this rank remembered it; every rank adopted it
+    ADOPTED = "adopted from a peer"  # another rank remembered it
+    CACHE_HIT = "cache hit"  # a cached program's, confirmed at its replay
+    REPLAYED = "agreed at a cached program's replay"  # this rank compiles anew
+
+
+def explain(
+    decision: CollectiveDecision, default: str | None, confidence: float
+) -> list[str]:
+    """Why each candidate of ``decision`` won or lost, in ``decision.results`` order.
+
+    ``default`` names the op's default candidate (``None``: it has none).
+    Every other qualified candidate is compared with it run by run, as
+    :func:`~.decisions.beats_default` compares them (``confidence`` is the
+    session's).  A pure function of agreed data: the same on every rank.
+    """
+    reference = next(
+        (
+            result
+            for result in decision.results
+            if result.name == default and result.status is CandidateStatus.OK
+        ),
+        None,
+    )
+    notes = []
+    for result in decision.results:
+        if result.status is not CandidateStatus.OK:
+            ranks = [
+                str(rank)
+                for rank, report in enumerate(result.reports)
+                if report.status is result.status
+            ]
+            where = f" in {result.stage}" if result.stage else ""
+            notes.append(
+                f"disqualified: {result.status.name.lower().replace('_', ' ')} on "
+                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}{where}"
+            )
+        elif result.name == default:
+            notes.append("the default")
+        elif reference is None:
+            notes.append("no default to beat")
+        else:
+            paired = compare_with_default(result, reference)
+            runs = f"{paired.wins}/{paired.runs} paired runs"
+            if paired.advantage <= 0:
+                notes.append(
+                    f"slower: {-paired.advantage:.1%} at the median, faster in {runs}"
+                )
+            elif paired.p_value > 1.0 - confidence:
+                notes.append(
+                    f"not significant: faster in {runs}, p={paired.p_value:.2g}"
+                )
+            elif paired.advantage <= decision.noise_floor:
+                notes.append(
+                    f"within the noise floor: {paired.advantage:.1%} faster at the "
+                    f"median, floor {decision.noise_floor:.1%}"
+                )
+            else:
+                notes.append(f"faster in {runs}, p={paired.p_value:.2g}")
+    return notes
+
+
+def _payload(
+    decision: CollectiveDecision,
+    op: str,
+    tuning_key: str | None,
+    ranks: Sequence[int],
+    source: DecisionSource,
+    default: str | None,
+    notes: Sequence[str],
+) -> dict[str, object]:
+    def finite(value: float) -> float | None:
+        return value if math.isfinite(value) else None
+
+    return {
+        "op": op,
+        "tuning_key": tuning_key,
+        "group": {
+            "name": decision.group_name,
+            "size": len(ranks),
+            "ranks": list(ranks),
+        },
+        "default": default,
+        "winner": decision.winner,
+        "rule": decision.rule.value,
+        "source": source.value,
+        "reason": decision.reason,
+        "noise_floor": decision.noise_floor,
+        "candidates": [
+            {
+                "name": result.name,
+                "status": result.status.name.lower(),
+                "status_per_rank": [
+                    report.status.name.lower() for report in result.reports
+                ],
+                "time_ms": finite(result.time_ms),
+                "median_ms_per_rank": [
+                    finite(report.median_ms) for report in result.reports
+                ],
+                "attempts": result.attempts,
+                "why": note,
+                **_paired(decision, default, position),
+            }
+            for position, (result, note) in enumerate(
+                zip(decision.results, notes, strict=True)
+            )
+        ],
+    }
+
+
+def _paired(
+    decision: CollectiveDecision, default: str | None, position: int
+) -> dict[str, object]:
+    # The paired comparison with the default, for each other candidate that
+    # both completed.
+    by_name = {result.name: result for result in decision.results}
+    reference, result = by_name.get(default or ""), decision.results[position]
+    if (
+        reference is None
+        or result is reference
+        or reference.status is not CandidateStatus.OK
+        or result.status is not CandidateStatus.OK
+    ):
+        return {}
+    paired = compare_with_default(result, reference)
+    return {
+        "wins_against_default": paired.wins,
+        "paired_runs": paired.runs,
+        "p_value": paired.p_value,
+        "median_advantage": paired.advantage,
+    }
+
+
+def publish(
+    decision: CollectiveDecision,
+    op: str,
+    *,
+    tuning_key: str | None,
+    ranks: Sequence[int],
+    source: DecisionSource,
+    default: str | None,
+    confidence: float,
+) -> None:
+    """Put ``decision`` for ``op`` into the trace (``TORCH_TRACE``), as an artifact.
+
+    Called on every rank of the group with the same decision; ``ranks`` are
+    the group's global ranks, ``default`` names the op's default candidate
+    (``None`` when it has none), ``confidence`` is the session's.
+    """
+    notes = explain(decision, default, confidence)
+    trace_structured(
+        "artifact",
+        metadata_fn=lambda: {"name": ARTIFACT_NAME, "encoding": "json"},
+        payload_fn=lambda: json.dumps(
+            _payload(decision, op, tuning_key, ranks, source, default, notes)
+        ),
+    )
+
+
+def describe(
+    decision: CollectiveDecision,
+    header: str,
+    source: DecisionSource,
+    default: str | None,
+    confidence: float,
+) -> str:
+    """``decision`` as a table for TORCH_LOGS: a line per candidate, with why it won or lost.
+
+    ``header`` says which op, group and rank it is about.
+    """
+    lines = [
+        f"{header}: winner {decision.winner} ({decision.reason}); "
+        f"rule: {decision.rule.value}; {source.value}",
+        f"  {'candidate':<40} {'agreed time':<40} {'why':<56} attempts and per rank",
+    ]
+    notes = explain(decision, default, confidence)
+    for result, note in zip(decision.results, notes, strict=True):
+        per_rank = "  ".join(
+            f"r{index}:{report.status.name.lower()}"
+            + ("" if math.isnan(report.median_ms) else f" {report.median_ms:.4f}ms")
+            for index, report in enumerate(result.reports)
+        )
+        verdict = (
+            f"{result.time_ms:.4f} ms"
+            if result.status is CandidateStatus.OK
+            else f"disqualified ({result.status.name.lower()} in {result.stage})"
+        )
+        lines.append(
+            f"  {result.name:<40} {verdict:<40} {note:<56} "
+            f"attempts={result.attempts}  {per_rank}"
+        )
+    return "\n".join(lines)
