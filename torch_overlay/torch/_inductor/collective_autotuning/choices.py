@@ -23,16 +23,23 @@ import operator
 from typing import Any, cast, TYPE_CHECKING
 
 import torch
-
+import torch.distributed as dist
 from torch._inductor.runtime.collective_benchmarking.benchmarker import (
     CollectiveBenchmarker,
 )
 from torch._inductor.runtime.collective_benchmarking.decisions import (
     apply_speedup_threshold,
     CollectiveDecision,
+    DecisionRule,
     is_default_choice,
 )
-from torch._inductor.runtime.collective_benchmarking.reporting import explain
+from torch._inductor.runtime.collective_benchmarking.groups import resolve_group
+from torch._inductor.runtime.collective_benchmarking.reporting import (
+    DecisionSource,
+    describe,
+    explain,
+    publish,
+)
 from torch._inductor.runtime.collective_benchmarking.store import (
     CollectiveBenchmarkError,
 )
@@ -61,6 +68,7 @@ __all__ = [
     "collectives_in_flight",
     "compile_in_background",
     "is_collective",
+    "report_untimed",
 ]
 
 log = logging.getLogger(__name__)
@@ -400,6 +408,45 @@ class AgreedTimings(dict[Any, float]):
                 getattr(agreed, "name", agreed),
             )
         return agreed
+
+
+def report_untimed(name: str, choices: Sequence[Any], chosen: Any) -> None:
+    """Report a collective choice taken without a session, in the trace and TORCH_LOGS.
+
+    In deterministic mode Inductor benchmarks nothing and takes ``chosen``
+    (``pick_deterministic_choice``: the op's eager default).  Local and
+    never raising: every rank takes the same choice from the same graphs
+    and reports it alike.
+    """
+    names = candidate_names(choices)
+    try:
+        group_name = collective_group_name(choices)
+        group = resolve_group(group_name) if group_name is not None else None
+    except (CollectiveBenchmarkError, KeyError, RuntimeError, ValueError):
+        group_name, group = None, None
+    decision = CollectiveDecision(
+        group_name or "",
+        (),
+        next(
+            n for choice, (n, _) in zip(choices, names, strict=True) if choice is chosen
+        ),
+        "deterministic mode benchmarks nothing: the op's default runs",
+        DecisionRule.DETERMINISTIC,
+    )
+    default = next((n for n, is_default in names if is_default), None)
+    publish(
+        decision,
+        name,
+        tuning_key=None,
+        ranks=dist.get_process_group_ranks(group) if group is not None else [],
+        source=DecisionSource.UNTIMED,
+        default=default,
+        confidence=0.0,  # nothing was timed: there is nothing to compare
+    )
+    if decision_log.isEnabledFor(logging.DEBUG):
+        header = f"collective autotuning of {name}"
+        table = describe(decision, header, DecisionSource.UNTIMED, default, 0.0)
+        decision_log.debug(table)
 
 
 def choices_identity(choices: Sequence[Any]) -> str:

@@ -139,6 +139,9 @@ class DecisionRule(enum.Enum):
     DO_NO_HARM = "do-no-harm"  # the default stays: the others did not beat it
     ALL_FAILED = "every candidate failed"  # nothing qualified: the default runs
     MIN_SPEEDUP = "below min_speedup_threshold"  # the default stays
+    # No session: Inductor's deterministic mode benchmarks nothing and takes
+    # the op's default (reporting.py reports it all the same).
+    DETERMINISTIC = "deterministic mode"
 
 
 @dataclasses.dataclass(frozen=True)

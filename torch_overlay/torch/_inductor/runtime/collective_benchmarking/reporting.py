@@ -14,9 +14,9 @@ the same thing:
   column that says why each candidate won or lost (:func:`explain`).
 
 Decisions taken without benchmarking (remembered, adopted from a peer, a
-cached program's, or agreed at its replay) are reported too, saying so: a
-trace shows every collective choice of a compile, not only the ones it
-measured.
+cached program's, agreed at its replay, or the default that deterministic
+mode takes) are reported too, saying so: a trace shows every collective
+choice of a compile, not only the ones it measured.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class DecisionSource(enum.Enum):
     ADOPTED = "adopted from a peer"  # another rank remembered it
     CACHE_HIT = "cache hit"  # a cached program's, confirmed at its replay
     REPLAYED = "agreed at a cached program's replay"  # this rank compiles anew
+    UNTIMED = "taken without a session"  # deterministic mode: nothing timed
 
 
 def explain(
