@@ -213,12 +213,18 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
 
     def test_deterministic_mode_benchmarks_nothing(self):
         # As for every op in deterministic mode (may_ban_benchmarking), the
-        # eager default is taken without a session, on both paths.
+        # eager default is taken without a session, on both paths, and the
+        # trace says so (0017's reporting, imported here so that the file
+        # runs on the prefixes before it).
+        import json
+        from unittest import mock
+
         from torch._dynamo.utils import counters
         from torch._inductor import config
         from torch._inductor.kernel.collective_implementations import (
             register_collective_implementations,
         )
+        from torch._inductor.runtime.collective_benchmarking import reporting
 
         ran = []
 
@@ -241,13 +247,32 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
             torch._dynamo.reset()
             counters.clear()
             ran.clear()
-            with config.patch(
-                deterministic=True,
-                defer_collective_autotuning=defer,
-                fx_graph_cache=False,
+            payloads = []
+            with (
+                mock.patch.object(
+                    reporting,
+                    "trace_structured",
+                    side_effect=lambda *a, **k: payloads.append(
+                        json.loads(k["payload_fn"]())
+                    ),
+                ),
+                config.patch(
+                    deterministic=True,
+                    defer_collective_autotuning=defer,
+                    fx_graph_cache=False,
+                ),
             ):
                 compiled = torch.compile(lambda x: all_reduce(x, group_name) * 2)
                 self.assertEqual(compiled(torch.ones(4)), torch.full((4,), 2.0))
+            (payload,) = payloads
+            self.assertEqual(
+                (payload["rule"], payload["source"]),
+                ("deterministic mode", "taken without a session"),
+            )
+            self.assertEqual(payload["winner"], payload["default"])
+            self.assertEqual(
+                payload["group"], {"name": group_name, "size": 1, "ranks": [0]}
+            )
             self.assertEqual(dict(counters["collective_autotuning"]), {})
             self.assertEqual(ran, ["default"])
 

@@ -19,9 +19,9 @@ parsed by the real tlparse (installed by ``scripts/bootstrap.sh``):
   says "remembered", nothing is benchmarked;
 * a third launch with the caches on is a cache hit: its artifact says so.
 
-And, without a job: what :func:`reporting.explain` says about each
-candidate, and that deterministic mode, which takes the default without a
-session, reports it as such.
+And, without a job, what :func:`reporting.explain` says about each
+candidate.  (Deterministic mode, which takes the default without a session,
+reports it as such: ``test_collective_decisions.py``.)
 """
 
 from __future__ import annotations
@@ -32,22 +32,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from unittest import mock
 
-import torch
 import torch.distributed as dist
-from torch._inductor import config
-from torch._inductor.kernel.collective_implementations import (
-    register_collective_implementations,
-)
-from torch._inductor.runtime.collective_benchmarking import decisions as cd, reporting
+from torch._inductor.runtime.collective_benchmarking import decisions as cd
 from torch._inductor.runtime.collective_benchmarking.reporting import (
     ARTIFACT_NAME,
     explain,
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
-
-from test_collective_decisions import OneRankGroupTestCase
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from collective_jobs import launch
@@ -110,46 +102,6 @@ class ExplainTest(TestCase):
             ["the default", "faster in 5/5 paired runs, p=0.031"],
         )
         self.assertEqual(explain(decision, None, 0.95), ["no default to beat"] * 2)
-
-
-class DeterministicModeTest(OneRankGroupTestCase):
-    """Deterministic mode takes the default without a session: the trace says so."""
-
-    def test_the_untimed_default_is_reported(self):
-        @torch.library.custom_op("collective_observability_test::ar", mutates_args=())
-        def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
-            out = x.clone()
-            dist.all_reduce(out)
-            return out
-
-        @all_reduce.register_fake
-        def _(x, group_name):
-            return torch.empty_like(x)
-
-        register_collective_implementations(all_reduce, "all_reduce")
-        group_name = dist.group.WORLD.group_name
-        payloads = []
-        with (
-            mock.patch.object(
-                reporting,
-                "trace_structured",
-                side_effect=lambda *a, **k: payloads.append(
-                    json.loads(k["payload_fn"]())
-                ),
-            ),
-            config.patch(deterministic=True, fx_graph_cache=False),
-        ):
-            torch._dynamo.reset()
-            compiled = torch.compile(lambda x: all_reduce(x, group_name) * 2)
-            self.assertEqual(compiled(torch.ones(4)), torch.full((4,), 2.0))
-        (payload,) = payloads
-        self.assertEqual(payload["rule"], "deterministic mode")
-        self.assertEqual(payload["source"], "taken without a session")
-        self.assertEqual(payload["winner"], payload["default"])
-        self.assertEqual(
-            payload["group"], {"name": group_name, "size": 1, "ranks": [0]}
-        )
-        self.assertEqual(payload["candidates"], [])
 
 
 class TraceTest(TestCase):

@@ -441,12 +441,11 @@ def report_untimed(name: str, choices: Sequence[Any], chosen: Any) -> None:
         ranks=dist.get_process_group_ranks(group) if group is not None else [],
         source=DecisionSource.UNTIMED,
         default=default,
-        confidence=0.0,  # nothing was timed: there is nothing to compare
+        notes=[],  # nothing was timed: no candidate to explain
     )
     if decision_log.isEnabledFor(logging.DEBUG):
         header = f"collective autotuning of {name}"
-        table = describe(decision, header, DecisionSource.UNTIMED, default, 0.0)
-        decision_log.debug(table)
+        decision_log.debug(describe(decision, header, DecisionSource.UNTIMED, []))
 
 
 def choices_identity(choices: Sequence[Any]) -> str:

@@ -132,7 +132,7 @@ from .decisions import (
 from .groups import process_group_topology, resolve_group
 from .join import join
 from .liveness import ensure_heartbeat
-from .reporting import describe, DecisionSource, publish
+from .reporting import describe, DecisionSource, explain, publish
 from .session import SessionRun
 from .store import CollectiveBenchmarkTimeout, STORE_PREFIX
 from .timing import timed
@@ -425,6 +425,7 @@ class CollectiveBenchmarker:
         self, op: OpToTune, decision: CollectiveDecision, source: DecisionSource
     ) -> None:
         default = next((c.name for c in op.candidates if c.is_default), None)
+        notes = explain(decision, default, self.config.confidence)
         publish(
             decision,
             op.key,
@@ -432,7 +433,7 @@ class CollectiveBenchmarker:
             ranks=dist.get_process_group_ranks(self.group),
             source=source,
             default=default,
-            confidence=self.config.confidence,
+            notes=notes,
         )
         if decision_log.isEnabledFor(logging.DEBUG):
             header = (
@@ -440,9 +441,7 @@ class CollectiveBenchmarker:
                 f"({self.size} ranks, {self.config.nruns} timed runs, timeout "
                 f"{self.config.timeout.total_seconds():g}s), on rank {self.rank}"
             )
-            decision_log.debug(
-                describe(decision, header, source, default, self.config.confidence)
-            )
+            decision_log.debug(describe(decision, header, source, notes))
 
 
 def _twin(first: Candidate) -> Candidate | None:

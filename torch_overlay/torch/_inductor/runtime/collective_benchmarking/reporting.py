@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from torch._logging import trace_structured
 
 from .decisions import (
+    CandidateResult,
     CandidateStatus,
     CollectiveDecision,
     compare_with_default,
@@ -112,77 +113,6 @@ def explain(
     return notes
 
 
-def _payload(
-    decision: CollectiveDecision,
-    op: str,
-    tuning_key: str | None,
-    ranks: Sequence[int],
-    source: DecisionSource,
-    default: str | None,
-    notes: Sequence[str],
-) -> dict[str, object]:
-    def finite(value: float) -> float | None:
-        return value if math.isfinite(value) else None
-
-    return {
-        "op": op,
-        "tuning_key": tuning_key,
-        "group": {
-            "name": decision.group_name,
-            "size": len(ranks),
-            "ranks": list(ranks),
-        },
-        "default": default,
-        "winner": decision.winner,
-        "rule": decision.rule.value,
-        "source": source.value,
-        "reason": decision.reason,
-        "noise_floor": decision.noise_floor,
-        "candidates": [
-            {
-                "name": result.name,
-                "status": result.status.name.lower(),
-                "status_per_rank": [
-                    report.status.name.lower() for report in result.reports
-                ],
-                "time_ms": finite(result.time_ms),
-                "median_ms_per_rank": [
-                    finite(report.median_ms) for report in result.reports
-                ],
-                "attempts": result.attempts,
-                "why": note,
-                **_paired(decision, default, position),
-            }
-            for position, (result, note) in enumerate(
-                zip(decision.results, notes, strict=True)
-            )
-        ],
-    }
-
-
-def _paired(
-    decision: CollectiveDecision, default: str | None, position: int
-) -> dict[str, object]:
-    # The paired comparison with the default, for each other candidate that
-    # both completed.
-    by_name = {result.name: result for result in decision.results}
-    reference, result = by_name.get(default or ""), decision.results[position]
-    if (
-        reference is None
-        or result is reference
-        or reference.status is not CandidateStatus.OK
-        or result.status is not CandidateStatus.OK
-    ):
-        return {}
-    paired = compare_with_default(result, reference)
-    return {
-        "wins_against_default": paired.wins,
-        "paired_runs": paired.runs,
-        "p_value": paired.p_value,
-        "median_advantage": paired.advantage,
-    }
-
-
 def publish(
     decision: CollectiveDecision,
     op: str,
@@ -191,21 +121,81 @@ def publish(
     ranks: Sequence[int],
     source: DecisionSource,
     default: str | None,
-    confidence: float,
+    notes: Sequence[str],
 ) -> None:
     """Put ``decision`` for ``op`` into the trace (``TORCH_TRACE``), as an artifact.
 
     Called on every rank of the group with the same decision; ``ranks`` are
     the group's global ranks, ``default`` names the op's default candidate
-    (``None`` when it has none), ``confidence`` is the session's.
+    (``None`` when it has none), ``notes`` are :func:`explain`'s.  The
+    payload is only built when a trace is written.
     """
-    notes = explain(decision, default, confidence)
+    reference = next(
+        (
+            result
+            for result in decision.results
+            if result.name == default and result.status is CandidateStatus.OK
+        ),
+        None,
+    )
+
+    def finite(value: float) -> float | None:
+        return value if math.isfinite(value) else None
+
+    def paired(result: CandidateResult) -> dict[str, object]:
+        # Against the default, for each other candidate that both completed.
+        if reference is None or result is reference:
+            return {}
+        if result.status is not CandidateStatus.OK:
+            return {}
+        comparison = compare_with_default(result, reference)
+        return {
+            "wins_against_default": comparison.wins,
+            "paired_runs": comparison.runs,
+            "p_value": comparison.p_value,
+            "median_advantage": comparison.advantage,
+        }
+
+    def payload() -> str:
+        return json.dumps(
+            {
+                "op": op,
+                "tuning_key": tuning_key,
+                "group": {
+                    "name": decision.group_name,
+                    "size": len(ranks),
+                    "ranks": list(ranks),
+                },
+                "default": default,
+                "winner": decision.winner,
+                "rule": decision.rule.value,
+                "source": source.value,
+                "reason": decision.reason,
+                "noise_floor": decision.noise_floor,
+                "candidates": [
+                    {
+                        "name": result.name,
+                        "status": result.status.name.lower(),
+                        "status_per_rank": [
+                            report.status.name.lower() for report in result.reports
+                        ],
+                        "time_ms": finite(result.time_ms),
+                        "median_ms_per_rank": [
+                            finite(report.median_ms) for report in result.reports
+                        ],
+                        "attempts": result.attempts,
+                        "why": note,
+                        **paired(result),
+                    }
+                    for result, note in zip(decision.results, notes, strict=True)
+                ],
+            }
+        )
+
     trace_structured(
         "artifact",
         metadata_fn=lambda: {"name": ARTIFACT_NAME, "encoding": "json"},
-        payload_fn=lambda: json.dumps(
-            _payload(decision, op, tuning_key, ranks, source, default, notes)
-        ),
+        payload_fn=payload,
     )
 
 
@@ -213,19 +203,18 @@ def describe(
     decision: CollectiveDecision,
     header: str,
     source: DecisionSource,
-    default: str | None,
-    confidence: float,
+    notes: Sequence[str],
 ) -> str:
     """``decision`` as a table for TORCH_LOGS: a line per candidate, with why it won or lost.
 
-    ``header`` says which op, group and rank it is about.
+    ``header`` says which op, group and rank it is about; ``notes`` are
+    :func:`explain`'s.
     """
     lines = [
         f"{header}: winner {decision.winner} ({decision.reason}); "
         f"rule: {decision.rule.value}; {source.value}",
         f"  {'candidate':<40} {'agreed time':<40} {'why':<56} attempts and per rank",
     ]
-    notes = explain(decision, default, confidence)
     for result, note in zip(decision.results, notes, strict=True):
         per_rank = "  ".join(
             f"r{index}:{report.status.name.lower()}"
