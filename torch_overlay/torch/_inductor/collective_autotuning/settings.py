@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import cast
 
 from torch._inductor import config
 from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -23,72 +24,87 @@ from torch._inductor.runtime.collective_benchmarking.types import (
 
 __all__ = ["benchmark_config", "start_heartbeat"]
 
-# CollectiveBenchmarkConfig field -> (knob in torch._inductor.config, its
-# environment variable, the Python types it may hold).
-_KNOBS: dict[str, tuple[str, str, tuple[type, ...]]] = {
-    "timeout": (
-        "collective_benchmark_timeout",
+# Each knob this module reads: its environment variable and the Python types
+# it may hold.  The variables are spelled out for the messages that name them:
+# upstream's config module keeps a knob's variable only in the expression that
+# reads it (these knobs are plain module values, not ``Config`` entries with an
+# ``env_name_default``), and inductor_default_autotune_warmup's does not follow
+# the TORCHINDUCTOR_<KNOB> pattern.
+_KNOBS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "collective_benchmark_timeout": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_TIMEOUT",
         (int, float),
     ),
-    "nwarmup": (
-        "inductor_default_autotune_warmup",
+    "inductor_default_autotune_warmup": (
         "TORCHINDUCTOR_DEFAULT_AUTOTUNE_WARMUP",
         (int,),
     ),
-    "nruns": (
-        "collective_benchmark_nruns",
+    "collective_benchmark_nruns": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS",
         (int,),
     ),
-    "retries": (
-        "collective_benchmark_retries",
+    "collective_benchmark_retries": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_RETRIES",
         (int,),
     ),
-    "tie_tolerance": (
-        "collective_benchmark_tie_tolerance",
+    "collective_benchmark_tie_tolerance": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_TIE_TOLERANCE",
         (int, float),
     ),
-    "screen": (
-        "collective_benchmark_screen_results",
+    "collective_benchmark_screen_results": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_SCREEN_RESULTS",
         (bool,),
     ),
-    "max_wait": (
-        "collective_benchmark_max_wait",
+    "collective_benchmark_max_wait": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_MAX_WAIT",
         (int, float),
     ),
-    "confidence": (
-        "collective_benchmark_confidence",
+    "collective_benchmark_confidence": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_CONFIDENCE",
         (int, float),
     ),
-    "allow_gloo_overlap": (
-        "collective_benchmark_allow_gloo_overlap",
+    "collective_benchmark_allow_gloo_overlap": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_ALLOW_GLOO_OVERLAP",
         (bool,),
     ),
 }
 
+# CollectiveBenchmarkConfig field -> the knob it is read from; the timeout,
+# which a heartbeat needs alone, is read by _timeout().
+_FIELDS = {
+    "nwarmup": "inductor_default_autotune_warmup",
+    "nruns": "collective_benchmark_nruns",
+    "retries": "collective_benchmark_retries",
+    "tie_tolerance": "collective_benchmark_tie_tolerance",
+    "screen": "collective_benchmark_screen_results",
+    "max_wait": "collective_benchmark_max_wait",
+    "confidence": "collective_benchmark_confidence",
+    "allow_gloo_overlap": "collective_benchmark_allow_gloo_overlap",
+}
 
-def _knob(field: str) -> str:
-    name, env, _ = _KNOBS[field]
-    return f"torch._inductor.config.{name} (environment variable {env})"
+
+def _knob(name: str) -> str:
+    return f"torch._inductor.config.{name} (environment variable {_KNOBS[name][0]})"
 
 
-def _read(field: str) -> object:
-    name, _, types = _KNOBS[field]
+def _read(name: str) -> object:
+    _, types = _KNOBS[name]
     value = getattr(config, name)
     # bool is an int: a switch set where a count belongs is a mistake too.
     if isinstance(value, bool) != (bool in types) or not isinstance(value, types):
         expected = " or ".join(t.__name__ for t in types)
         raise ValueError(
-            f"{_knob(field)} must be {expected}, got {value!r} ({type(value).__name__})"
+            f"{_knob(name)} must be {expected}, got {value!r} ({type(value).__name__})"
         )
     return value
+
+
+def _timeout() -> timedelta:
+    knob = "collective_benchmark_timeout"
+    seconds = cast(float, _read(knob))
+    if seconds <= 0:
+        raise ValueError(f"{_knob(knob)} must be positive, got {seconds!r}")
+    return timedelta(seconds=seconds)
 
 
 def benchmark_config() -> CollectiveBenchmarkConfig:
@@ -102,10 +118,9 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
     out of range.  Agreed decisions are stored in ``collective_decisions/``
     of Inductor's cache directory while ``autotune_local_cache`` is set.
     """
-    read = {field: _read(field) for field in _KNOBS}
-    values = dict(read)
-    timeout = timedelta(seconds=values.pop("timeout"))  # type: ignore[arg-type]
-    max_wait = timedelta(seconds=values.pop("max_wait"))  # type: ignore[arg-type]
+    read = {field: _read(knob) for field, knob in _FIELDS.items()}
+    timeout = _timeout()
+    max_wait = timedelta(seconds=read.pop("max_wait"))  # type: ignore[arg-type]
     # Agreed decisions are autotuning results: stored with them, under the
     # same switch.
     decision_dir = (
@@ -118,11 +133,12 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
             timeout=timeout,
             max_wait=max(max_wait, timeout),
             decision_dir=decision_dir,
-            **values,  # type: ignore[arg-type]
+            **read,  # type: ignore[arg-type]
         )
     except InvalidBenchmarkSetting as error:
+        knob = _FIELDS[error.field]
         raise ValueError(
-            f"{_knob(error.field)} must be {error.expected}, got {read[error.field]!r}"
+            f"{_knob(knob)} must be {error.expected}, got {getattr(config, knob)!r}"
         ) from None
 
 
@@ -131,6 +147,7 @@ def start_heartbeat() -> None:
 
     Any rank may call it, alone, as soon as it may be waited for by peers
     (see :func:`~torch._inductor.runtime.collective_benchmarking.liveness.ensure_heartbeat`).
-    Raises ``ValueError`` as :func:`benchmark_config` does.
+    Reads ``collective_benchmark_timeout`` alone; raises ``ValueError``,
+    naming it and its environment variable, when it is not a positive number.
     """
-    ensure_heartbeat(benchmark_config().timeout)
+    ensure_heartbeat(_timeout())
