@@ -12,23 +12,31 @@ per launch, one process each, rendezvous over env://):
 
 0. **Compile wall time** of a program of n identical all_reduce custom ops
    (the eager default and two registered implementations), each followed by
-   ``relu(y * 0.5 + (i + 1))``, for n = 1, 3, 8 and 32, and of 8 distinct ones (the
-   same op on 8 inputs of different sizes): the slowest rank's first call,
-   in fresh processes with Inductor's caches off (a private cache directory
-   per launch), without autotuning (no implementation registered), with V1
-   and with V2, side by side: ``--repeats`` launches per path, interleaved,
-   and their median (C++ compilation dominates and swings by seconds from one
-   launch to the next).  Overhead = tuned - untuned.
+   ``relu(y * 0.5 + (i + 1))``, for n = 1, 3, 8 and 32, and of 3 or 8
+   distinct ones (the same op on inputs of different sizes): the slowest
+   rank's first call, in fresh processes with the FX graph cache off, the
+   launch's ranks sharing one fresh cache directory (as a host's ranks share
+   ``/tmp/torchinductor_<user>``), without autotuning (no implementation
+   registered), with V1 and with V2, each with every rank compiling every
+   candidate and with each candidate compiled once per host
+   (``collective_autotuning_share_compiles``, the *per host* columns), side
+   by side: ``--repeats`` launches per path, interleaved, and their median
+   (C++ compilation dominates and swings by seconds from one launch to the
+   next).  Overhead = tuned - untuned.  The last column counts the
+   candidates compiled on the host, summed over its ranks.
 
 1. **Autotuning overhead** for a graph of 1, 3 and 8 collective ops (each an
    all_reduce custom op with three implementations: the eager default, a
    direct all_reduce, reduce_scatter + all_gather; each op followed by a
-   pointwise add), at 2 and 4 ranks, V1 and V2.  Per compile, from the
-   benchmarker's ``counters["collective_autotuning"]``, the slowest rank's:
+   pointwise add), at 2 and 4 ranks, V1 and V2, each without and with
+   per-host compilation (``+host``), the launch's ranks sharing one fresh
+   cache directory.  Per compile, from the benchmarker's
+   ``counters["collective_autotuning"]``, the slowest rank's:
 
    - ``pre-syncs``: joins (one per session);
    - ``total``: autotuning wall time (compiling the candidates + the sessions);
-   - ``compile``: compiling the candidates (local, before the join);
+   - ``compile``: compiling the candidates (local, before the join), which
+     includes waiting for the rank of the host that compiles one;
    - ``timed``: inside the timed runs;
    - ``warmup``: inside the warmup runs;
    - ``pre-sync``: inside the joins, which mostly wait for the slowest rank
@@ -36,7 +44,8 @@ per launch, one process each, rendezvous over env://):
    - ``exchange sync``: inside the other synchronizing steps (the session's
      exchange and commit, failure agreements), including the wait for
      slower ranks;
-   - ``sync V2/V1``: V2's pre-sync + exchange sync as a share of V1's.
+   - ``sync V2/V1``: V2's pre-sync + exchange sync as a share of V1's;
+   - ``candidates compiled on the host``: summed over the ranks.
 
 2. **The protocol alone**, for the same ops: ``CollectiveBenchmarker`` driven
    directly with the three implementations as candidates (already compiled),
@@ -61,7 +70,7 @@ per launch, one process each, rendezvous over env://):
 
 Usage:
   python scripts/bench_collective_autotuning.py [--nproc 2,4] [--ops 1,3,8] [--runs 50]
-      [--compare-with REV] [--tables compile,overhead,protocol,compare,block] [--compile-ops 1,3,8,32,8d]
+      [--compare-with REV] [--tables compile,overhead,protocol,compare,block] [--compile-ops 1,3d,8d,32]
 """
 
 import argparse
@@ -79,6 +88,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collective_jobs import launch_ranks
 
 NWARMUP, NRUNS = 3, 10
+# The cache directory a launch's ranks share (the compile and overhead tables).
+CACHE_DIR_ENV = "BENCH_AUTOTUNING_CACHE_DIR"
 COUNTERS = (
     "presync",
     "prepare_s",
@@ -107,7 +118,11 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
     )
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-autotuning-")
+    # The launch's cache directory when the driver gives one (shared by its
+    # ranks, as a host's ranks share /tmp/torchinductor_<user>), else one per rank.
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ.get(
+        CACHE_DIR_ENV
+    ) or tempfile.mkdtemp(prefix="bench-autotuning-")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     group_name = dist.group.WORLD.group_name
@@ -152,12 +167,15 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
         )
 
     def path_patches(path: str) -> dict:
+        # "V1+host": V1 with each candidate compiled once per host; "V1": by every rank.
+        tuning, _, sharing = path.partition("+")
         patches = dict(
             collective_benchmark_nruns=NRUNS,
             inductor_default_autotune_warmup=NWARMUP,
             fx_graph_cache=False,
             autotune_local_cache=False,
-            defer_collective_autotuning=path == "V2",
+            defer_collective_autotuning=tuning == "V2",
+            collective_autotuning_share_compiles=sharing == "host",
         )
         if path == "default":  # no tuning: the op's eager implementation
             patches["test_configs.force_custom_op_decomposition"] = False
@@ -288,7 +306,8 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             start = time.perf_counter()
             compiled(*xs)
             report["first_call_s"] = time.perf_counter() - start
-        report["benchmarked"] = counters["collective_autotuning"]["ops"]
+        for name in ("ops", "candidates_compiled", "candidates_loaded"):
+            report[name] = counters["collective_autotuning"][name]
     elif mode == "overhead":
 
         def program(x):
@@ -304,6 +323,7 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             compiled(x)
         stats = counters["collective_autotuning"]
         report.update({name: stats[name] for name in COUNTERS})
+        report["compiled"] = stats["candidates_compiled"]
     else:
         rows, hidden = 256, 1024
         torch.manual_seed(rank)
@@ -350,73 +370,95 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
 
 
 # --- driver ----------------------------------------------------------------------
-def launch(nproc: int, *worker_args: str) -> list[dict]:
-    return launch_ranks(__file__, nproc, list(worker_args))
+def launch(nproc: int, *worker_args: str, shared_cache: bool = False) -> list[dict]:
+    """One launch's reports; ``shared_cache``: its ranks share one fresh cache directory."""
+    if not shared_cache:
+        return launch_ranks(__file__, nproc, list(worker_args))
+    with tempfile.TemporaryDirectory(prefix="bench-autotuning-host-") as cache:
+        return launch_ranks(
+            __file__, nproc, list(worker_args), env={CACHE_DIR_ENV: cache}
+        )
 
 
 def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
+    paths = ("none", "V1", "V2", "V1+host", "V2+host")
     print(
         "\nCompile wall time: first call of a program of n collective ops, each followed by relu(y * 0.5 + (i + 1)); "
-        f"slowest rank, fresh processes, caches off; median of {repeats} launches per path, interleaved, "
-        "and their range [min, max]; seconds\n"
+        "slowest rank, fresh processes, FX graph cache off, the launch's ranks sharing one fresh cache directory "
+        f"(a host's); median of {repeats} launches per path, interleaved; seconds.  V1, V2: every rank compiles "
+        "every candidate; per host: each candidate compiled once per host (collective_autotuning_share_compiles)\n"
     )
     print(
-        "| ranks | ops | no autotuning | V1 | V2 | overhead V1 | overhead V2 | ops benchmarked V1 / V2 |"
+        "| ranks | ops | no autotuning | V1 | V2 | V1 per host | V2 per host | overhead V1 | overhead V2 "
+        "| overhead V1 per host | overhead V2 per host | candidates compiled on the host: V2 / V2 per host |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for nproc in nprocs:
         for program in programs:
             nops = -int(program[:-1]) if program.endswith("d") else int(program)
             label = f"{abs(nops)} distinct" if nops < 0 else f"{nops} identical"
             # Launches interleaved across the paths, median per path: one
             # launch's compile time swings by seconds on a shared machine.
-            walls: dict[str, list[float]] = {"none": [], "V1": [], "V2": []}
+            walls: dict[str, list[float]] = {path: [] for path in paths}
             rows = {}
             for _ in range(repeats):
-                for path in walls:
-                    rows[path] = launch(nproc, "compile", path, str(nops), "0")
+                for path in paths:
+                    rows[path] = launch(
+                        nproc, "compile", path, str(nops), "0", shared_cache=True
+                    )
                     walls[path].append(max(r["first_call_s"] for r in rows[path]))
             wall = {path: statistics.median(values) for path, values in walls.items()}
-            spread = {
-                path: f"{wall[path]:.1f} [{min(values):.1f}, {max(values):.1f}]"
-                for path, values in walls.items()
+            overhead = {
+                path: f"{wall[path] - wall['none']:+.1f} s ({(wall[path] - wall['none']) / wall['none']:.0%})"
+                for path in paths[1:]
             }
-            overhead = {path: wall[path] - wall["none"] for path in ("V1", "V2")}
-            benchmarked = "/".join(
-                str(rows[path][0]["benchmarked"]) for path in ("V1", "V2")
+            compiled = " / ".join(
+                str(sum(r["candidates_compiled"] for r in rows[path]))
+                for path in ("V2", "V2+host")
             )
             print(
-                f"| {nproc} | {label} | {spread['none']} | {spread['V1']} | {spread['V2']} "
-                f"| {overhead['V1']:+.1f} s ({overhead['V1'] / wall['none']:.0%}) "
-                f"| {overhead['V2']:+.1f} s ({overhead['V2'] / wall['none']:.0%}) | {benchmarked} |",
+                f"| {nproc} | {label} | "
+                + " | ".join(f"{wall[path]:.1f}" for path in paths)
+                + " | "
+                + " | ".join(overhead[path] for path in paths[1:])
+                + f" | {compiled} |",
                 flush=True,
             )
 
 
 def overhead_table(nprocs: list[int], op_counts: list[int]) -> None:
-    print("\nAutotuning overhead per compile (slowest rank; seconds unless noted)\n")
     print(
-        "| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | exchange sync | sync V2/V1 |"
+        "\nAutotuning overhead per compile (slowest rank; seconds unless noted); the launch's ranks share one "
+        "fresh cache directory; +host: each candidate compiled once per host\n"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        "| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | exchange sync "
+        "| sync V2/V1 | candidates compiled on the host |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for nproc in nprocs:
         for nops in op_counts:
             rows = {}
-            for path in ("V1", "V2"):
-                reports = launch(nproc, "overhead", path, str(nops), "0")
+            compiled = {}
+            for path in ("V1", "V2", "V1+host", "V2+host"):
+                reports = launch(
+                    nproc, "overhead", path, str(nops), "0", shared_cache=True
+                )
                 rows[path] = {
                     name: max(report[name] for report in reports) for name in COUNTERS
                 }
+                compiled[path] = sum(report["compiled"] for report in reports)
             sync = {
                 path: row["presync_s"] + row["sync_s"] for path, row in rows.items()
             }
             for path, row in rows.items():
                 total = row["prepare_s"] + row["session_s"]
-                ratio = "" if path == "V1" else f"{sync['V2'] / sync['V1']:.0%}"
+                v1 = path.replace("V2", "V1")
+                ratio = "" if path == v1 else f"{sync[path] / sync[v1]:.0%}"
                 print(
                     f"| {nproc} | {nops} | {path} | {row['presync']:.0f} | {total:.2f} | {row['prepare_s']:.2f} "
                     f"| {row['timed_s']:.3f} | {row['warmup_s']:.3f} | {row['presync_s']:.3f} | {row['sync_s']:.3f} "
-                    f"| {ratio} |",
+                    f"| {ratio} | {compiled[path]} |",
                     flush=True,
                 )
 
@@ -550,7 +592,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--compile-ops",
-        default="1,3,8,32,8d",
+        default="1,3d,8d,32",
         help="programs of the compile table (Nd: N distinct)",
     )
     parser.add_argument(

@@ -236,11 +236,16 @@ def launch(
 
 
 def launch_ranks(
-    script: str, nproc: int, args: list[str], timeout: float = 1200
+    script: str,
+    nproc: int,
+    args: list[str],
+    timeout: float = 1200,
+    env: dict[str, str] | None = None,
 ) -> list[dict]:
     """Run ``script --worker ARGS`` as ``nproc`` ranks (``srun`` style); each rank's report, in rank order.
 
-    Raises RuntimeError, with the end of a failing rank's output, unless every rank reported.
+    ``env`` is added to every rank's environment.  Raises RuntimeError, with
+    the end of a failing rank's output, unless every rank reported.
     """
     with tempfile.TemporaryDirectory(prefix="bench-ranks-") as out_dir:
         job = launch(
@@ -248,7 +253,7 @@ def launch_ranks(
             nproc,
             [script, "--worker", *args],
             out_dir,
-            env={"PYTHONWARNINGS": "ignore"},
+            env={"PYTHONWARNINGS": "ignore", **(env or {})},
             timeout=timeout,
         )
     if len(job.reports) != nproc:

@@ -12,12 +12,14 @@ A choice compiles on its first use; as a candidate, it compiles in its
 ``prepare`` (:func:`compile_in_background`), which leaves the builds of its
 kernels running (Inductor's compile workers), so that the benchmarker starts
 every candidate's builds, and lowers the next candidates meanwhile, before it
-waits for any of them.
+waits for any of them.  The ranks of a host split that work: each candidate
+is compiled by one of them and loaded by the others (``host_compiles.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import operator
 from typing import Any, cast, TYPE_CHECKING
@@ -50,7 +52,8 @@ from torch._inductor.runtime.collective_benchmarking.types import (
     digest,
 )
 
-from .settings import benchmark_config
+from .host_compiles import compile_here, HostCompile, share_key
+from .settings import benchmark_config, compile_sharing_dir
 
 
 if TYPE_CHECKING:
@@ -61,6 +64,7 @@ __all__ = [
     "AgreedTimings",
     "benchmark_collective_choices",
     "candidate_names",
+    "candidate_prepare",
     "choices_identity",
     "collective_candidates",
     "collective_group_name",
@@ -245,10 +249,7 @@ def collective_candidates(
                 name,
                 _choice_runner(choice, inputs, output),
                 is_default=is_default,
-                # Subgraph choices compile lazily on their first run.
-                prepare=compile_in_background(choice._ensure_compiled)
-                if hasattr(choice, "_ensure_compiled")
-                else None,
+                prepare=candidate_prepare(choice),
                 signature=collective_signature(choice),
                 in_flight=collectives_in_flight(choice),
             )
@@ -292,6 +293,43 @@ def compile_in_background(
         def finish() -> None:
             for async_compile, scope in scopes:
                 async_compile.wait(scope)
+
+        return finish
+
+    return prepare
+
+
+def candidate_prepare(choice: Any) -> Callable[[], Callable[[], None]] | None:
+    """The ``prepare`` of ``choice`` as a candidate: its compilation, shared by the host.
+
+    ``None`` for a choice that compiles nothing (the op's eager
+    implementation).  The compilation is :func:`compile_in_background`'s;
+    while ``collective_autotuning_share_compiles`` is on, the ranks of a
+    host split it (``host_compiles.py``): the returned ``prepare`` compiles
+    ``choice``, loads a peer's module of it, or leaves it to the peer that
+    compiles it, and the callable it returns waits for that peer.  Raises,
+    from either, what compiling ``choice`` raised on this rank.
+    """
+    if not hasattr(choice, "_ensure_compiled"):
+        return None
+    # Subgraph choices compile lazily on their first run; a candidate's prepare
+    # compiles it before the session's first warmup.
+    directory = compile_sharing_dir()
+    if directory is None:
+        return compile_in_background(functools.partial(compile_here, choice))
+    max_wait = benchmark_config().max_wait
+
+    def prepare() -> Callable[[], None]:
+        shared = HostCompile(choice, share_key(choice), directory, max_wait)
+        wait_for_builds = compile_in_background(shared.start)()
+
+        def finish() -> None:
+            try:
+                wait_for_builds()
+            except BaseException:
+                shared.abandon()
+                raise
+            shared.finish()
 
         return finish
 

@@ -33,7 +33,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch._inductor import config, ir
 from torch._inductor.collective_autotuning.choices import (
-    compile_in_background,
+    candidate_prepare,
     is_collective,
 )
 from torch._inductor.runtime.collective_benchmarking.decisions import first_tensor
@@ -353,7 +353,7 @@ def time_with_epilogue(
             def fn(fused: Any = fused) -> Any:
                 return fused.benchmark_collective(*inputs, *extras, out=epilogue_out)
 
-            prepare = compile_in_background(fused._ensure_compiled)
+            prepare = candidate_prepare(fused)
         else:
             if epilogue_only is None:
                 epilogue_only = _with_epilogue_caller(None, node, epilogue)
@@ -364,24 +364,27 @@ def time_with_epilogue(
                     first_tensor(run()), *extras, out=epilogue_out
                 )
 
-            prepare = _both(
-                candidate.prepare, compile_in_background(alone._ensure_compiled)
-            )
+            prepare = _both(candidate.prepare, candidate_prepare(alone))
         timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
     return timed
 
 
 def _both(
-    first: Callable[[], Any] | None, second: Callable[[], Any]
+    first: Callable[[], Any] | None, second: Callable[[], Any] | None
 ) -> Callable[[], Callable[[], None]]:
-    # Both preparations, each started now; the returned callable finishes both.
+    # Both preparations, each started now; the returned callable finishes both,
+    # the second even when the first raises: an unfinished preparation may
+    # hold a compile that its host's other ranks wait for (host_compiles.py).
     def prepare() -> Callable[[], None]:
-        finishers = [first() if first is not None else None, second()]
+        finishers = [p() if p is not None else None for p in (first, second)]
 
         def finish() -> None:
-            for finisher in finishers:
-                if callable(finisher):
-                    finisher()
+            try:
+                if callable(finishers[0]):
+                    finishers[0]()
+            finally:
+                if callable(finishers[1]):
+                    finishers[1]()
 
         return finish
 

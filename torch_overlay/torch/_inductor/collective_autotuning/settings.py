@@ -22,7 +22,7 @@ from torch._inductor.runtime.collective_benchmarking.types import (
 )
 
 
-__all__ = ["benchmark_config", "start_heartbeat"]
+__all__ = ["benchmark_config", "compile_sharing_dir", "start_heartbeat"]
 
 # Each knob this module reads: its environment variable and the Python types
 # it may hold.  The variables are spelled out for the messages that name them:
@@ -65,6 +65,10 @@ _KNOBS: dict[str, tuple[str, tuple[type, ...]]] = {
     ),
     "collective_benchmark_allow_gloo_overlap": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_ALLOW_GLOO_OVERLAP",
+        (bool,),
+    ),
+    "collective_autotuning_share_compiles": (
+        "TORCHINDUCTOR_COLLECTIVE_AUTOTUNING_SHARE_COMPILES",
         (bool,),
     ),
 }
@@ -140,6 +144,21 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
         raise ValueError(
             f"{_knob(knob)} must be {error.expected}, got {getattr(config, knob)!r}"
         ) from None
+
+
+def compile_sharing_dir() -> str | None:
+    """Where this process shares its compiled candidates with the others of its host.
+
+    ``collective_candidates/`` in Inductor's cache directory, or ``None``
+    when ``collective_autotuning_share_compiles`` is off or
+    ``force_disable_caches`` is set (see ``host_compiles.py``).  Any rank
+    may call it, alone.  Raises ``ValueError``, naming the knob and its
+    environment variable, when the knob is not a bool.
+    """
+    share = _read("collective_autotuning_share_compiles")
+    if not share or config.force_disable_caches:
+        return None
+    return os.path.join(cache_dir(), "collective_candidates")
 
 
 def start_heartbeat() -> None:
