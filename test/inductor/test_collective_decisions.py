@@ -12,7 +12,8 @@ Inductor's choices in ``test_collective_choices.py``):
   defaults) is a clear error.  Every candidate's preparation starts before
   any is waited for (their kernel builds overlap), and a candidate whose
   build fails is disqualified.  A batch of ops (the scheduler path) has one
-  join and screens each op's candidates against that op's own default.
+  join and screens each op's candidates against that op's own default.  A
+  candidate disqualified before it runs (unsafe on gloo) is not compiled.
 * The control plane's threads are joined when the process group is
   destroyed, and a store whose host goes away during a session is a
   ``CollectiveBenchmarkError`` naming it.
@@ -432,6 +433,40 @@ class TestPreparation(OneRankGroupTestCase):
             scope["kernel"] = build
             compile()
             self.assertEqual(scope["kernel"], "built kernel")
+
+
+class TestCompiledOnlyIfItCanRun(OneRankGroupTestCase):
+    """No candidate is compiled that the session disqualifies before it runs."""
+
+    def test_a_candidate_unsafe_on_gloo_is_not_prepared(self):
+        prepared = []
+        out = torch.ones(2)
+        candidates = [
+            ct.Candidate("default", lambda: out, is_default=True),
+            ct.Candidate(
+                "two_in_flight",
+                lambda: out,
+                prepare=lambda: prepared.append("two_in_flight"),
+                in_flight=2,
+            ),
+            ct.Candidate(
+                "one_in_flight",
+                lambda: out,
+                prepare=lambda: prepared.append("one_in_flight"),
+                in_flight=1,
+            ),
+        ]
+        decision = cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
+        self.assertEqual(prepared, ["one_in_flight"])
+        statuses = {result.name: result.status for result in decision.results}
+        self.assertEqual(
+            statuses,
+            {
+                "default": Status.OK,
+                "two_in_flight": Status.UNSAFE,
+                "one_in_flight": Status.OK,
+            },
+        )
 
 
 class TestMisuse(TestCase):

@@ -53,11 +53,13 @@ per group and graph when the scheduler tunes a graph's collective ops together
    remembers: an op that any member remembers is adopted by every member
    (see ``decision_cache.py``); the others are benchmarked.
 2. **Prepare.**  Every member compiles the candidates of the ops the group
-   benchmarks, and only those (an op that any member remembers is compiled
-   by none), then meets the others in a second rendezvous (*ready*): the
-   members compile for different times, and the first warmup's collective,
-   bounded by the timeout, must not wait for a peer still compiling (a
-   peer that compiles beats, and is waited for).
+   benchmarks, and only those that can run (an op that any member remembers
+   is compiled by none, nor is a candidate disqualified at the join or, on
+   gloo, for keeping several collectives in flight), then meets the others
+   in a second rendezvous (*ready*): the members compile for different
+   times, and the first warmup's collective, bounded by the timeout, must
+   not wait for a peer still compiling (a peer that compiles beats, and is
+   waited for).
 3. **Benchmark** (``session.py``): warmups with screening, timed
    runs interleaved, one exchange and one commit; failures agreed over the
    store.
@@ -264,21 +266,8 @@ class CollectiveBenchmarker:
                 sorted(op.candidates, key=lambda c: not c.is_default) for op in ops
             ]
             joined = join(self, control, ops, ordered, remembered)
-            # Compiled only now, and only what the group benchmarks: an op
-            # that some member remembers is compiled by nobody.
-            metadata: dict[str, Any] = {
-                "group": self.group_name,
-                "candidates": sum(len(ordered[i]) for i in joined.to_run),
-            }
-            prepared = time.perf_counter()
-            with timed("compile", "prepare", **metadata):
-                prepare_errors = self._prepare(ordered, joined.to_run)
-            compiled = time.perf_counter()
-            if any(c.prepare for i in joined.to_run for c in ordered[i]):
-                # Members compile for different times: the first warmup's
-                # collective, bounded by the timeout, must not wait for them.
-                with timed("ready", "presync", **metadata):
-                    control.barrier("ready", "the end of compiling the candidates")
+            plans = [ordered[i] for i in joined.to_run]
+            prepare_errors: set[tuple[int, int]] = set()  # filled in below
             run = SessionRun(
                 self.config,
                 self.device,
@@ -286,15 +275,34 @@ class CollectiveBenchmarker:
                 control,
                 [(ops[i].key, ordered[i]) for i in joined.to_run],
                 joined.excluded,
-                {
-                    (position, index)
-                    for position, i in enumerate(joined.to_run)
-                    for index in range(len(ordered[i]))
-                    if (i, index) in prepare_errors
-                },
-                [_twin(ordered[i][0]) for i in joined.to_run],
+                prepare_errors,
+                [_twin(candidates[0]) for candidates in plans],
             )
-            results = run.run() if joined.to_run else []
+            # Compiled only now, and only what the group benchmarks and can
+            # run: an op that some member remembers is compiled by nobody, nor
+            # is a candidate disqualified before it runs (at the join, or
+            # unsafe on gloo: run.excluded, the same on every member).
+            to_prepare = [
+                ((position, index), candidate.name, candidate.prepare)
+                for position, candidates in enumerate(plans)
+                for index, candidate in enumerate(candidates)
+                if candidate.prepare is not None
+                and (position, index) not in run.excluded
+            ]
+            metadata: dict[str, Any] = {
+                "group": self.group_name,
+                "candidates": sum(len(candidates) for candidates in plans),
+            }
+            prepared = time.perf_counter()
+            with timed("compile", "prepare", **metadata):
+                prepare_errors.update(self._prepare(to_prepare))
+            compiled = time.perf_counter()
+            if to_prepare:
+                # Members compile for different times: the first warmup's
+                # collective, bounded by the timeout, must not wait for them.
+                with timed("ready", "presync", **metadata):
+                    control.barrier("ready", "the end of compiling the candidates")
+            results = run.run() if plans else []
         decisions = []
         positions = {op: position for position, op in enumerate(joined.to_run)}
         inductor_stats = counters["inductor"]
@@ -364,14 +372,14 @@ class CollectiveBenchmarker:
         return repr(group), repr(settings)
 
     def _prepare(
-        self, ordered: Sequence[Sequence[Candidate]], to_run: Sequence[int]
+        self, to_prepare: Sequence[tuple[tuple[int, int], str, Callable[[], Any]]]
     ) -> set[tuple[int, int]]:
-        # Compile the candidates of the ops the group benchmarks: start every
-        # candidate's compilation, then wait for what each left running
-        # (kernel builds, which overlap each other and the next candidates'
-        # lowering).  A candidate whose preparation fails is disqualified in
-        # its warmup, on every member.  Returns the (op, candidate index)
-        # that failed.
+        # Run the given preparations, keyed by their candidate's (op, candidate)
+        # position in the session: start every candidate's compilation, then
+        # wait for what each left running (kernel builds, which overlap each
+        # other and the next candidates' lowering).  A candidate whose
+        # preparation fails is disqualified in its warmup, on every member.
+        # Returns the positions that failed.
         failed: set[tuple[int, int]] = set()
 
         def attempt(
@@ -387,12 +395,10 @@ class CollectiveBenchmarker:
                 return None
 
         running = []
-        for i in to_run:
-            for index, candidate in enumerate(ordered[i]):
-                if candidate.prepare is not None:
-                    finish = attempt((i, index), candidate.name, candidate.prepare)
-                    if callable(finish):
-                        running.append(((i, index), candidate.name, finish))
+        for position, name, prepare in to_prepare:
+            finish = attempt(position, name, prepare)
+            if callable(finish):
+                running.append((position, name, finish))
         with timed("build_wait", group=self.group_name, candidates=len(running)):
             for position, name, finish in running:
                 attempt(position, name, finish)

@@ -312,8 +312,10 @@ class SessionRun:
     to results already agreed at the join (a candidate that is not the same
     on every member never runs); on gloo, a candidate that keeps several
     collectives in flight never runs either (unless the config allows it).
-    ``prepare_errors`` holds the positions whose
-    local preparation (compilation) failed on this member.  ``twins`` gives,
+    ``prepare_errors`` holds, by the time :meth:`run` is called, the
+    positions whose local preparation (compilation) failed on this member:
+    a run is built before its candidates are compiled, so that no candidate
+    in :attr:`excluded` (which never runs) is compiled.  ``twins`` gives,
     per op, the *twin* of its default (the same implementation, or None):
     timed in every interleaved iteration like a candidate, never warmed up
     nor chosen, it measures the session's noise (``noise_floor``); its
