@@ -14,33 +14,39 @@ per launch, one process each, rendezvous over env://):
    (the eager default and two registered implementations), each followed by
    ``relu(y * 0.5 + (i + 1))``, for n = 1, 3, 8 and 32, and of 3 or 8
    distinct ones (the same op on inputs of different sizes): the slowest
-   rank's first call, in fresh processes with the FX graph cache off, the
-   launch's ranks sharing one fresh cache directory (as a host's ranks share
-   ``/tmp/torchinductor_<user>``), without autotuning (no implementation
-   registered), with V1 and with V2, each with every rank compiling every
-   candidate and with each candidate compiled once per host
+   rank's first call, in fresh processes with Inductor's caches on (its
+   defaults) in fresh cache directories, without autotuning (no
+   implementation registered), with V1 and with V2, each with every rank
+   compiling every candidate and with each candidate compiled once per host
    (``collective_autotuning_share_compiles``, the *per host* columns), side
    by side: ``--repeats`` launches per path, interleaved, and their median
    (C++ compilation dominates and swings by seconds from one launch to the
    next).  Overhead = tuned - untuned.  The last column counts the
-   candidates compiled on the host, summed over its ranks.
+   candidates compiled on the host, summed over its ranks.  With
+   ``--cache-dirs host`` (the default) a launch's ranks share one cache
+   directory, as a host's ranks share ``/tmp/torchinductor_<user>``; with
+   ``--cache-dirs rank`` each rank has its own, so nothing is shared
+   (kernels included).
 
 1. **Autotuning overhead** for a graph of 1, 3 and 8 collective ops (each an
    all_reduce custom op with three implementations: the eager default, a
    direct all_reduce, reduce_scatter + all_gather; each op followed by a
    pointwise add), at 2 and 4 ranks, V1 and V2, each without and with
-   per-host compilation (``+host``), the launch's ranks sharing one fresh
-   cache directory.  Per compile, from the benchmarker's
+   per-host compilation (``+host``), cache directories as ``--cache-dirs``
+   says, Inductor's caches off.  Each rank first probes the CPU's vector ISA
+   (``pick_vec_isa``), which Inductor does once per process at its first
+   C++ kernel, so that "compiling the candidates" does not hold a cost that
+   every first compile pays.  Per compile, from the benchmarker's
    ``counters["collective_autotuning"]``, the slowest rank's:
 
    - ``pre-syncs``: joins (one per session);
    - ``total``: autotuning wall time (compiling the candidates + the sessions);
-   - ``compile``: compiling the candidates (local, before the join), which
+   - ``compile``: compiling the candidates (after the join), which
      includes waiting for the rank of the host that compiles one;
    - ``timed``: inside the timed runs;
    - ``warmup``: inside the warmup runs;
-   - ``pre-sync``: inside the joins, which mostly wait for the slowest rank
-     to finish compiling its candidates;
+   - ``pre-sync``: inside the joins and the ready rendezvous, which mostly
+     wait for the slowest rank;
    - ``exchange sync``: inside the other synchronizing steps (the session's
      exchange and commit, failure agreements), including the wait for
      slower ranks;
@@ -71,6 +77,7 @@ per launch, one process each, rendezvous over env://):
 Usage:
   python scripts/bench_collective_autotuning.py [--nproc 2,4] [--ops 1,3,8] [--runs 50]
       [--compare-with REV] [--tables compile,overhead,protocol,compare,block] [--compile-ops 1,3d,8d,32]
+      [--repeats 3] [--cache-dirs host|rank]
 """
 
 import argparse
@@ -112,6 +119,7 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
     import torch.distributed as dist
     import torch._inductor.config as inductor_config
     from torch._dynamo.utils import counters
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
     from torch._inductor.kernel.custom_op import (
         CustomOpConfig,
         register_custom_op_autotuning,
@@ -166,17 +174,18 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             all_reduce_op, configs=[CustomOpConfig(direct), CustomOpConfig(rs_ag)]
         )
 
-    def path_patches(path: str) -> dict:
-        # "V1+host": V1 with each candidate compiled once per host; "V1": by every rank.
+    def path_patches(path: str, caches: bool = False) -> dict:
+        # "V1+host": V1 with each candidate compiled once per host; "V1": by
+        # every rank.  caches: Inductor's defaults (on), else off.
         tuning, _, sharing = path.partition("+")
         patches = dict(
             collective_benchmark_nruns=NRUNS,
             inductor_default_autotune_warmup=NWARMUP,
-            fx_graph_cache=False,
-            autotune_local_cache=False,
             defer_collective_autotuning=tuning == "V2",
             collective_autotuning_share_compiles=sharing == "host",
         )
+        if not caches:
+            patches.update(fx_graph_cache=False, autotune_local_cache=False)
         if path == "default":  # no tuning: the op's eager implementation
             patches["test_configs.force_custom_op_decomposition"] = False
         return patches
@@ -299,7 +308,9 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
 
         xs = [torch.ones(size) / world for size in sizes]
         # "none": nothing is registered, so the op compiles as a plain custom op.
-        with inductor_config.patch(**path_patches("V1" if path == "none" else path)):
+        with inductor_config.patch(
+            **path_patches("V1" if path == "none" else path, caches=True)
+        ):
             compiled = torch.compile(program)
             dist.barrier()
             counters.clear()
@@ -316,6 +327,11 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             return x
 
         x = torch.ones(1 << 16) / world
+        # Inductor probes the CPU's vector ISA once per process, at the first
+        # C++ kernel it generates (seconds: a build and a load per ISA).  In a
+        # compile that tunes, that is a candidate's, so "compiling the
+        # candidates" would hold a cost that every first compile pays: paid here.
+        pick_vec_isa()
         with inductor_config.patch(**path_patches(path)):
             compiled = torch.compile(program)
             dist.barrier()
@@ -380,12 +396,22 @@ def launch(nproc: int, *worker_args: str, shared_cache: bool = False) -> list[di
         )
 
 
-def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
+def cache_dirs_label(shared_cache: bool) -> str:
+    return (
+        "the launch's ranks sharing one fresh cache directory (as a host's ranks do by default)"
+        if shared_cache
+        else "each rank with a fresh cache directory of its own (nothing shared)"
+    )
+
+
+def compile_table(
+    nprocs: list[int], programs: list[str], repeats: int, shared_cache: bool
+) -> None:
     paths = ("none", "V1", "V2", "V1+host", "V2+host")
     print(
         "\nCompile wall time: first call of a program of n collective ops, each followed by relu(y * 0.5 + (i + 1)); "
-        "slowest rank, fresh processes, FX graph cache off, the launch's ranks sharing one fresh cache directory "
-        f"(a host's); median of {repeats} launches per path, interleaved; seconds.  V1, V2: every rank compiles "
+        f"slowest rank, fresh processes, Inductor's caches on, {cache_dirs_label(shared_cache)}; "
+        f"median of {repeats} launches per path, interleaved; seconds.  V1, V2: every rank compiles "
         "every candidate; per host: each candidate compiled once per host (collective_autotuning_share_compiles)\n"
     )
     print(
@@ -404,7 +430,12 @@ def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
             for _ in range(repeats):
                 for path in paths:
                     rows[path] = launch(
-                        nproc, "compile", path, str(nops), "0", shared_cache=True
+                        nproc,
+                        "compile",
+                        path,
+                        str(nops),
+                        "0",
+                        shared_cache=shared_cache,
                     )
                     walls[path].append(max(r["first_call_s"] for r in rows[path]))
             wall = {path: statistics.median(values) for path, values in walls.items()}
@@ -426,10 +457,10 @@ def compile_table(nprocs: list[int], programs: list[str], repeats: int) -> None:
             )
 
 
-def overhead_table(nprocs: list[int], op_counts: list[int]) -> None:
+def overhead_table(nprocs: list[int], op_counts: list[int], shared_cache: bool) -> None:
     print(
-        "\nAutotuning overhead per compile (slowest rank; seconds unless noted); the launch's ranks share one "
-        "fresh cache directory; +host: each candidate compiled once per host\n"
+        "\nAutotuning overhead per compile (slowest rank; seconds unless noted); "
+        f"{cache_dirs_label(shared_cache)}; +host: each candidate compiled once per host\n"
     )
     print(
         "| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | exchange sync "
@@ -442,7 +473,7 @@ def overhead_table(nprocs: list[int], op_counts: list[int]) -> None:
             compiled = {}
             for path in ("V1", "V2", "V1+host", "V2+host"):
                 reports = launch(
-                    nproc, "overhead", path, str(nops), "0", shared_cache=True
+                    nproc, "overhead", path, str(nops), "0", shared_cache=shared_cache
                 )
                 rows[path] = {
                     name: max(report[name] for report in reports) for name in COUNTERS
@@ -602,6 +633,13 @@ def main() -> None:
         help="launches per path and cell of the compile table",
     )
     parser.add_argument(
+        "--cache-dirs",
+        choices=("host", "rank"),
+        default="host",
+        help="compile and overhead tables: one cache directory per launch, shared by its "
+        "ranks as a host's ranks share Inductor's default one (host), or one per rank (rank)",
+    )
+    parser.add_argument(
         "--worker",
         nargs=4,
         metavar=("MODE", "PATH", "NOPS", "RUNS"),
@@ -622,9 +660,14 @@ def main() -> None:
     op_counts = [int(n) for n in args.ops.split(",")]
     tables = args.tables.split(",")
     if "compile" in tables:
-        compile_table(nprocs, args.compile_ops.split(","), args.repeats)
+        compile_table(
+            nprocs,
+            args.compile_ops.split(","),
+            args.repeats,
+            args.cache_dirs == "host",
+        )
     if "overhead" in tables:
-        overhead_table(nprocs, op_counts)
+        overhead_table(nprocs, op_counts, args.cache_dirs == "host")
     if "protocol" in tables:
         protocol_table(nprocs, op_counts)
     if "compare" in tables:

@@ -58,7 +58,9 @@ What every rank compiles for itself
 
 ``counters["collective_autotuning"]`` counts ``candidates_compiled`` (by this
 rank) and ``candidates_loaded`` (compiled by another process), and
-``compile_wait_s`` holds the seconds spent waiting for another's.
+``compile_wait_s`` holds the seconds spent waiting for another's; each such
+wait is a compile event, ``collective_autotuning.compile_wait``, naming the
+candidate.
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ class HostCompile:
         assert self.record is not None
         lock = FileLock(f"{self.record}.lock")
         try:
-            with timed("compile_wait"):
+            with timed("compile_wait", candidate=self.choice.name):
                 lock.acquire(timeout=self.max_wait.total_seconds())
         except Timeout:
             log.warning(
