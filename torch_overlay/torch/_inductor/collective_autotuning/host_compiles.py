@@ -75,6 +75,7 @@ from filelock import Timeout
 from torch._dynamo.utils import counters
 from torch._inductor import config
 from torch._inductor.codecache import PyCodeCache, torch_key, write_atomic
+from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.runtime.collective_benchmarking.timing import timed
 from torch._inductor.runtime.collective_benchmarking.types import digest
 from torch._inductor.utils import has_free_symbols
@@ -170,6 +171,14 @@ class HostCompile:
             return
         if self._load():
             return
+        layout = getattr(self.choice, "layout", None)
+        if layout is not None and layout.device.type == "cpu":
+            # Inductor probes the CPU's vector ISA once per process, at the
+            # first C++ kernel it generates (seconds: a build and a load per
+            # ISA).  Probed before the split, as every rank would in its own
+            # first compile: a rank left to wait for a peer's compile would
+            # otherwise idle through the peer's probe, then run its own.
+            pick_vec_isa()
         os.makedirs(os.path.dirname(self.record), exist_ok=True)
         lock = FileLock(f"{self.record}.lock")
         try:
