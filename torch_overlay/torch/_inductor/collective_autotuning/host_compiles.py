@@ -167,7 +167,7 @@ class HostCompile:
         if self.choice._compiled_module is not None:
             return
         if self.record is None:
-            self._compile()
+            compile_here(self.choice)
             return
         if self._load():
             return
@@ -191,7 +191,7 @@ class HostCompile:
                 lock.release()
                 return
             self._held = lock
-            self._compile()
+            compile_here(self.choice)
         except BaseException:
             self.abandon()
             raise
@@ -211,9 +211,6 @@ class HostCompile:
         held, self._held = self._held, None
         if held is not None:
             held.release()
-
-    def _compile(self) -> None:
-        compile_here(self.choice)
 
     def _load(self) -> bool:
         # True when the record names a module that loaded into the choice.
@@ -276,14 +273,14 @@ class HostCompile:
                 self.choice.name,
                 self.max_wait,
             )
-            self._compile()
+            compile_here(self.choice)
             return
         self._held = lock
         try:
             if not self._load():
                 # The publisher failed or died, or its module holds constants
                 # (which are not published: the next rank compiles too).
-                self._compile()
+                compile_here(self.choice)
                 self._publish()
         finally:
             self.abandon()
