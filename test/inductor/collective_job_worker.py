@@ -16,7 +16,9 @@ the winner: it traces this rank's index and the world size into the program
 upstream's tests do), so a program compiled on another rank gathers the wrong
 shard and one compiled at another world size fails.
 
-``--spawn N`` makes this process the parent of an ``mp.spawn`` job of N ranks
+``--bare-init`` initializes the process group as torchrun's examples do,
+``init_process_group()`` without a backend (c10d picks one per device type);
+otherwise it names ``gloo``.  ``--spawn N`` makes this process the parent of an ``mp.spawn`` job of N ranks
 (rank 0 then hosts the job's store, as under ``srun``).  The exit is what the
 launch tests look at: ``--no-destroy`` leaves the process group to the
 interpreter's exit, ``--last-to-exit`` makes the store's host (global rank 0)
@@ -186,10 +188,15 @@ def run(args: argparse.Namespace) -> None:
         dist.destroy_process_group()
 
 
+def backend(args: argparse.Namespace) -> str | None:
+    """The backend the job names: none under ``--bare-init``."""
+    return None if args.bare_init else "gloo"
+
+
 def spawned_rank(local_rank: int, args: argparse.Namespace) -> None:
     # mp.spawn's entry point: rank 0 hosts the store (env://, MASTER_ADDR/PORT).
     dist.init_process_group(
-        "gloo", init_method="env://", rank=local_rank, world_size=args.spawn
+        backend(args), init_method="env://", rank=local_rank, world_size=args.spawn
     )
     run(args)
 
@@ -206,11 +213,12 @@ def main() -> None:
     parser.add_argument("--slow-compile", action="append", default=[])
     parser.add_argument("--compile-raises-once", action="append", default=[])
     parser.add_argument("--fault-dir", default="")
+    parser.add_argument("--bare-init", action="store_true")
     args = parser.parse_args()
     if args.spawn:
         mp.spawn(spawned_rank, args=(args,), nprocs=args.spawn)
         return
-    dist.init_process_group("gloo")
+    dist.init_process_group(backend(args))
     run(args)
 
 

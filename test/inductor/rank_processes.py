@@ -22,7 +22,11 @@ different points, use ``SpawnedRanksTestCase``: fresh processes per test
 (:meth:`SpawnedRanksTestCase._init_process_group`).
 
 Both run on gloo (CPU, CI); a class with ``backend = "nccl"`` runs on one GPU
-per rank and is skipped where there are not enough GPUs.
+per rank and is skipped where there are not enough GPUs.  A class with
+``bare_init`` set initializes the process group as torchrun's examples do,
+``init_process_group()`` without a backend: c10d then picks a backend per
+device type (``cpu:gloo`` here, ``cpu:gloo,cuda:nccl`` on a GPU machine),
+and ``get_backend()`` says ``"undefined"``.
 """
 
 from __future__ import annotations
@@ -134,6 +138,8 @@ class RankProcessesTestCase(MultiProcContinuousTest):
 
     WORLD_SIZE = 2
     backend = "gloo"
+    # Initialize without naming a backend (see the module docstring).
+    bare_init = False
     # The process group's own timeout: a test that hangs in a collective of
     # its program fails after it rather than after c10d's 30 minutes.
     timeout = datetime.timedelta(seconds=300)
@@ -161,7 +167,7 @@ class RankProcessesTestCase(MultiProcContinuousTest):
             )
         rank_device(cls.backend, rank)
         dist.init_process_group(
-            cls.backend,
+            None if cls.bare_init else cls.backend,
             store=tcp_store_through(rdvz_file, rank, world_size),
             rank=rank,
             world_size=world_size,

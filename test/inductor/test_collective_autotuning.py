@@ -27,6 +27,15 @@ every rank ran it, the numerical result and a generous wall-time bound that
 only a hang would break.  A 4-rank class per path runs two tensor-parallel
 groups, one of which starts compiling later than the timeout.
 
+A default that fails (the harness's fault, not a candidate's) tunes nothing:
+every rank runs the default and warns, naming each candidate's error; with
+``collective_benchmark_strict`` (which ``conftest.py`` sets for every test)
+the compile fails on every rank, the group still in step.  No log names
+another winner than the one taken.  ``TestCollectiveBareInit{2,3}Ranks``
+runs jobs whose group was made by ``init_process_group()`` without a
+backend: the known winner, and a candidate raising on one rank
+disqualified everywhere.
+
 Memory safety on gloo, at 2 and 4 ranks: a user's candidate that keeps two
 collectives in flight on the group (the fastest by far) is found from its
 graph, disqualified on every rank without running, with a warning, and the
@@ -90,6 +99,8 @@ COLS = 8
 FAULT_TIMEOUT_S = 5.0
 # Wall-time bound of one faulty compile: only a hang comes near it.
 HANG_BOUND_S = 240.0
+# What warns, on every rank, when a session tunes nothing.
+BENCHMARKER_LOG = "torch._inductor.runtime.collective_benchmarking.benchmarker"
 
 
 class Fault:
@@ -621,9 +632,12 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         DELAY_MS.update({"default": SLOW_MS / 5, "slow": SLOW_MS})
         # Its first timed run, lost by far more than the default's noise.
         DELAY_AT_CALL_MS[("lucky", NWARMUP + 1)] = 4 * SLOW_MS
-        ran_while_compiling, ran_here, result, _ = self._autotune(
-            all_reduce_op, decompositions, device
-        )
+        # No log may name another winner than the one taken: select_algorithm's
+        # own table marked the lowest median "SELECTED" at WARNING on rank 0.
+        with self.assertNoLogs("torch._inductor.select_algorithm", "WARNING"):
+            ran_while_compiling, ran_here, result, _ = self._autotune(
+                all_reduce_op, decompositions, device
+            )
         self._assert_agreed_winner(ran_here, "default")
         self.assertEqual(ran_while_compiling["lucky"], NWARMUP + NRUNS)
         inputs = [self._input(r, device) for r in range(self.world_size)]
@@ -686,10 +700,48 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         self.assertGreater(ran["stalls"], NWARMUP + NRUNS + 1)  # a second round ran
 
     def test_every_candidate_failing_falls_back_to_default(self):
+        # The default failing is the harness's fault, not a candidate's:
+        # nothing is tuned, every rank runs the default, and every rank warns
+        # that nothing was tuned, naming each candidate's error.  With
+        # collective_benchmark_strict (on in these tests) it is an error.
         faults = {
             name: Fault("raise", [0], call=1) for name in ("default", "first", "good")
         }
-        self._check_faulty(faults, fast=["first", "good"], winner="default")
+        with self.assertLogs(BENCHMARKER_LOG, "WARNING") as logs:
+            self._check_faulty(
+                faults,
+                fast=["first", "good"],
+                winner="default",
+                collective_benchmark_strict=False,
+            )
+        text = "\n".join(logs.output)
+        self.assertIn("tuned nothing: the default", text)
+        for name in faults:
+            self.assertRegex(
+                text,
+                rf"{name}[^;]*: disqualified: raised on rank 0 in warmup: "
+                rf"RuntimeError: fault injected into {name}",
+            )
+
+    def test_a_failing_default_is_an_error_in_strict_mode(self):
+        if self.world_size != 2:
+            raise unittest.SkipTest("run at 2 ranks; the switch is the same at any")
+        device = self._init_rank()
+        last = self.world_size - 1
+        FAULTS["default"] = Fault("raise", [last], call=1)
+        with self.assertRaisesRegex(
+            Exception, r"(?s)tuned nothing: the default.*fault injected into default"
+        ):
+            self._autotune(
+                all_reduce_op,
+                [("direct", all_reduce_direct), ("rs_ag", all_reduce_rs_ag)],
+                device,
+                collective_benchmark_strict=True,
+            )
+        # Every rank raised at the same point: the group is still in step.
+        check = torch.ones(1)
+        dist.all_reduce(check)
+        self.assertEqual(check.item(), float(self.world_size))
 
     def test_candidate_whose_collectives_differ_between_ranks_costs_only_itself(self):
         device = self._init_rank()
@@ -871,12 +923,35 @@ class CollectiveAutotuningGroupsTestV2(
     DEFER = True
 
 
+class BareInitTests(AutotuningTestMixin):
+    """Jobs that call ``init_process_group()`` without a backend, as torchrun's examples do.
+
+    c10d then serves each device type with its default backend (``cpu:gloo``
+    here, ``cpu:gloo,cuda:nccl`` on a GPU machine) and ``get_backend()``
+    says ``"undefined"``; the benchmark channel must serve what the group
+    serves.  The known winner wins and every rank runs it, exactly; a
+    candidate that raises on one rank is disqualified on every rank.
+    """
+
+    bare_init = True
+
+    def test_known_winner_when_no_backend_was_named(self):
+        self.assertEqual(dist.get_backend(), "undefined")
+        self._check_autotuned("all_reduce")
+
+    def test_candidate_raising_on_one_rank_is_disqualified_everywhere(self):
+        faults = {"raises": Fault("raise", [self.world_size - 1], call=1)}
+        ran = self._check_faulty(faults, fast=["raises"], winner="good")
+        self.assertEqual(ran["raises"], 1)
+
+
 # TestCollectiveAutotuning{2,3,4}Ranks{Gloo,NCCL}{V1,V2}: every world size,
 # backend and tuning path (V1: while lowering, V2: in the scheduler), one set
 # of rank processes per class; TestCollectiveKilledRank{2,4}Ranks...: the
 # killed-rank test, in processes of its own (not at 3 ranks: spawning them only
 # to skip would cost CI as much as the test; 2 and 4 ranks name the killed
-# rank alike).
+# rank alike); TestCollectiveBareInit{2,3}Ranks{V1,V2}: a process group
+# initialized without a backend (gloo is what c10d picks on CPU).
 for _world_size in (2, 3, 4):
     for _backend, _label in (("gloo", "Gloo"), ("nccl", "NCCL")):
         for _path, _defer in (("V1", False), ("V2", True)):
@@ -890,6 +965,11 @@ for _world_size in (2, 3, 4):
             globals()[_name] = type(
                 _name, (CollectiveAutotuningTests, RankProcessesTestCase), _attributes
             )
+            if _backend == "gloo" and _world_size < 4:
+                _name = f"TestCollectiveBareInit{_world_size}Ranks{_path}"
+                globals()[_name] = type(
+                    _name, (BareInitTests, RankProcessesTestCase), _attributes
+                )
             if _world_size == 3:
                 continue
             _name = f"TestCollectiveKilledRank{_world_size}Ranks{_label}{_path}"

@@ -4,8 +4,9 @@ The other multi-rank tests run under a harness that hosts the store in a
 process of its own and gives every test a cache directory; users' jobs do
 neither.  Here ``collective_job_worker.py`` (an autotuned all_reduce whose
 winner is known, ``rs_ag``) runs as a job under each launcher of
-``scripts/collective_jobs.py``, on gloo, with one Inductor cache directory for
-the job, as on one machine:
+``scripts/collective_jobs.py``, its process group initialized as torchrun's
+examples do, without naming a backend (c10d picks gloo for CPU tensors), with
+one Inductor cache directory for the job, as on one machine:
 
 * ``torchrun`` (``--standalone``: its agent hosts the store), ``torchrun_nodes``
   (two nodes on loopback, static rendezvous), ``mp_spawn`` (``env://``, rank 0
@@ -81,7 +82,7 @@ class LaunchedJobsTest(TestCase):
         job = launch(
             launcher,
             world_size,
-            [WORKER, *args],
+            [WORKER, "--bare-init", *args],
             self.root / "out",
             env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
             timeout=LAUNCH_TIMEOUT_S,

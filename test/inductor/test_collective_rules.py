@@ -23,6 +23,8 @@ they run on the first prefix of the series that has it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from datetime import timedelta
 
@@ -111,6 +113,16 @@ class TestFailureAgreement(TestCase):
         self.assertEqual([r.status for r in reports], [PEER, RAISED, OK])
         self.assertEqual(stage, "warmup")
 
+    def test_the_stage_carries_the_error_of_the_worst_report(self):
+        # A post's stage names the error (colons and all), so that every
+        # member can say why a candidate lost, not only where.
+        posts = [
+            "1:1:warmup: DistError: Connection closed by peer",
+            "1:4:warmup: RuntimeError: a: b",
+        ]
+        _, _, stage = cd.earliest_failure(posts)
+        self.assertEqual(stage, "warmup: RuntimeError: a: b")
+
     def test_timeout_is_retryable_and_a_real_failure_is_not(self):
         self.assertTrue(TIMEOUT.retryable and PEER.retryable)
         self.assertFalse(RAISED.retryable or WRONG.retryable or OK.retryable)
@@ -174,8 +186,31 @@ class TestNoiseRules(TestCase):
     def test_nothing_qualified_is_its_own_rule(self):
         failed = cd.CandidateResult("a", (cd.RankReport(cd.CandidateStatus.RAISED),))
         self.assertEqual(
-            cd.decide([failed], True, 0.02, 0.95)[:2],
+            cd.decide([failed], False, 0.02, 0.95)[:2],
             (None, cd.DecisionRule.ALL_FAILED),
+        )
+
+    def test_a_failed_default_tunes_nothing_whatever_the_others_did(self):
+        # The default is the op's own code, which the program runs anyway: its
+        # failure is the harness's, and "faster" has nothing to be checked
+        # against.  The fast candidate must not win.
+        default = cd.CandidateResult(
+            "default",
+            (cd.RankReport(cd.CandidateStatus.RAISED),),
+            stage="warmup: RuntimeError: No backend type associated with device type cuda",
+        )
+        fast = result("fast", [1.0, 1.0, 1.0])
+        verdict = cd.decide([default, fast], True, 0.02, 0.95)
+        self.assertEqual(verdict[:2], (None, cd.DecisionRule.DEFAULT_FAILED))
+        self.assertIn(
+            "No backend type associated with device type cuda", verdict.reason
+        )
+        self.assertIn("nothing is tuned", verdict.reason)
+        decision = cd.CollectiveDecision("0", (default, fast), None, "", verdict.rule)
+        self.assertTrue(cd.tuned_nothing(decision))
+        ok = cd.decide([result("default", [2.0] * 3), fast], True, 0.02, 0.95)
+        self.assertFalse(
+            cd.tuned_nothing(dataclasses.replace(decision, rule=ok.rule)), ok
         )
 
     def test_a_faster_candidate_replaces_the_default(self):

@@ -109,7 +109,7 @@ class TestSessionRunOnOneRank(TestCase):
             plans = [("op", candidates)]
             cpu, excluded = torch.device("cpu"), excluded or {}
             run = SessionRun(
-                self.config, cpu, channel, store, plans, excluded, set(), [twin]
+                self.config, cpu, channel, store, plans, excluded, {}, [twin]
             )
             results = run.run()
         return results[0], run.twin_results[0]

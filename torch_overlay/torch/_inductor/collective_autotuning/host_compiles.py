@@ -82,6 +82,8 @@ from torch._inductor.utils import has_free_symbols
 from torch._inductor.virtualized import V
 from torch.utils._filelock import FileLock
 
+from .settings import candidate_compile_settings
+
 
 if TYPE_CHECKING:
     from datetime import timedelta
@@ -132,10 +134,15 @@ def share_key(choice: Any) -> str | None:
 
 
 def compile_here(choice: Any) -> None:
-    """Compile ``choice`` in this process, unless it holds a module already (counted)."""
+    """Compile ``choice`` in this process, unless it holds a module already (counted).
+
+    Under :func:`~.settings.candidate_compile_settings`: the compile issues
+    no collective, whichever ranks compile which candidates.
+    """
     if choice._compiled_module is None:
         counters["collective_autotuning"]["candidates_compiled"] += 1
-        choice._ensure_compiled()
+        with candidate_compile_settings():
+            choice._ensure_compiled()
 
 
 class HostCompile:

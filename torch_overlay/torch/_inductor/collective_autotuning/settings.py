@@ -9,11 +9,12 @@ rather than as a dataclass field deep inside a session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
-from typing import cast
+from typing import cast, TYPE_CHECKING
 
-from torch._inductor import config
+from torch._inductor import config, config_comms
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.runtime.collective_benchmarking.liveness import ensure_heartbeat
 from torch._inductor.runtime.collective_benchmarking.types import (
@@ -22,7 +23,16 @@ from torch._inductor.runtime.collective_benchmarking.types import (
 )
 
 
-__all__ = ["benchmark_config", "compile_sharing_dir", "start_heartbeat"]
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+
+__all__ = [
+    "benchmark_config",
+    "candidate_compile_settings",
+    "compile_sharing_dir",
+    "start_heartbeat",
+]
 
 # Each knob this module reads: its environment variable and the Python types
 # it may hold.  The variables are spelled out for the messages that name them:
@@ -67,6 +77,10 @@ _KNOBS: dict[str, tuple[str, tuple[type, ...]]] = {
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_ALLOW_GLOO_OVERLAP",
         (bool,),
     ),
+    "collective_benchmark_strict": (
+        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT",
+        (bool,),
+    ),
     "collective_autotuning_share_compiles": (
         "TORCHINDUCTOR_COLLECTIVE_AUTOTUNING_SHARE_COMPILES",
         (bool,),
@@ -84,6 +98,7 @@ _FIELDS = {
     "max_wait": "collective_benchmark_max_wait",
     "confidence": "collective_benchmark_confidence",
     "allow_gloo_overlap": "collective_benchmark_allow_gloo_overlap",
+    "strict": "collective_benchmark_strict",
 }
 
 
@@ -170,3 +185,40 @@ def start_heartbeat() -> None:
     naming it and its environment variable, when it is not a positive number.
     """
     ensure_heartbeat(_timeout())
+
+
+# Inductor's passes that issue a collective over the job's ranks while they
+# compile a graph, and the switches that turn them off.  A candidate is
+# compiled by one rank of a host and loaded by the others
+# (host_compiles.py), so a collective there would wait for ranks that never
+# issue it: distributed_max_autotune_gemm's all_gather_object in the nested
+# Scheduler hung a job.  The program's own graph keeps them: every rank
+# compiles it.  test_collective_inductor_passes.py fails when torch gains a
+# compile-time collective that this list does not switch off.
+_CROSS_RANK_PASSES = {
+    "distributed_max_autotune_gemm": False,
+    "aten_distributed_optimizations.spmd_check": False,
+    "aten_distributed_optimizations.enable_overlap_scheduling": False,
+}
+_CROSS_RANK_COMMS_PASSES = {
+    "runtime_estimations_align_across_all_distributed_ranks": False,
+}
+
+
+@contextlib.contextmanager
+def candidate_compile_settings() -> Iterator[None]:
+    """Inductor's settings while a rank compiles a collective autotuning candidate.
+
+    Those of the compile, with every pass that issues a collective over the
+    job's ranks switched off (``_CROSS_RANK_PASSES``): what a candidate's
+    compile runs is this rank's alone.  The candidate is timed without them;
+    the winner, inlined into the program's graph, is compiled with them.
+    Any rank may enter it, alone.
+    """
+    with (
+        config.patch(_CROSS_RANK_PASSES),
+        # install_config_module adds patch(); config_comms, unlike config,
+        # has no TYPE_CHECKING import of its typing stub.
+        config_comms.patch(_CROSS_RANK_COMMS_PASSES),  # type: ignore[attr-defined]
+    ):
+        yield

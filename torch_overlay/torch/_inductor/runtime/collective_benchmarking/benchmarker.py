@@ -130,13 +130,15 @@ from .decisions import (
     CandidateStatus,
     CollectiveDecision,
     decide,
+    DecisionRule,
+    tuned_nothing,
 )
 from .groups import process_group_topology, resolve_group
 from .join import join
 from .liveness import ensure_heartbeat
 from .reporting import describe, DecisionSource, explain, publish
 from .session import SessionRun
-from .store import CollectiveBenchmarkTimeout, STORE_PREFIX
+from .store import CollectiveBenchmarkError, CollectiveBenchmarkTimeout, STORE_PREFIX
 from .timing import timed
 from .types import Candidate, CollectiveBenchmarkConfig, OpToTune
 
@@ -214,9 +216,12 @@ class CollectiveBenchmarker:
 
         Returns the decisions in ``ops`` order (a disqualified candidate has an
         infinite time; ``winner`` is ``None`` when none of an op's candidates
-        qualified).  Raises :class:`CollectiveBenchmarkError` on every healthy
-        member when a member is lost or the members' ops differ; never returns
-        a decision that a healthy member does not share.
+        qualified, or when the op's default failed: then nothing is tuned,
+        and every member warns, saying why).  Raises
+        :class:`CollectiveBenchmarkError` on every healthy member when a member
+        is lost or the members' ops differ, and, under the config's
+        ``strict``, when an op tuned nothing; never returns a decision that a
+        healthy member does not share.
 
         Each decision is reported in the trace and in TORCH_LOGS
         (``reporting.py``), and the session is a compile event,
@@ -267,7 +272,7 @@ class CollectiveBenchmarker:
             ]
             joined = join(self, control, ops, ordered, remembered)
             plans = [ordered[i] for i in joined.to_run]
-            prepare_errors: set[tuple[int, int]] = set()  # filled in below
+            prepare_errors: dict[tuple[int, int], BaseException] = {}  # filled below
             run = SessionRun(
                 self.config,
                 self.device,
@@ -304,6 +309,7 @@ class CollectiveBenchmarker:
                     control.barrier("ready", "the end of compiling the candidates")
             results = run.run() if plans else []
         decisions = []
+        untuned: list[str] = []  # why each op that tuned nothing did
         positions = {op: position for position, op in enumerate(joined.to_run)}
         inductor_stats = counters["inductor"]
         for i, op in enumerate(ops):
@@ -332,9 +338,20 @@ class CollectiveBenchmarker:
                     else DecisionSource.REMEMBERED
                 )
                 inductor_stats["collective_autotuning_decisions_adopted"] += 1
-            decision_cache.remember(self, op, decision)
-            self._publish(op, decision, source)
+            if decision.rule is not DecisionRule.DEFAULT_FAILED:
+                # A harness failure is not a decision to reuse: the next
+                # compile tries again (every member skips it alike).
+                decision_cache.remember(self, op, decision)
+            notes = self._publish(op, decision, source)
+            if source is DecisionSource.BENCHMARKED and tuned_nothing(decision):
+                untuned.append(self._tuned_nothing(op, decision, notes))
             decisions.append(decision)
+        if untuned and self.config.strict:
+            # Every member holds the same decisions: all raise together.
+            raise CollectiveBenchmarkError(
+                "\n".join(untuned)
+                + "\n(torch._inductor.config.collective_benchmark_strict is set)"
+            )
         decision_cache.record(self, ops, decisions, same_code=joined.same_code)
         inductor_stats["collective_autotuning_sessions"] += 1
         stats = counters["collective_autotuning"]
@@ -373,25 +390,25 @@ class CollectiveBenchmarker:
 
     def _prepare(
         self, to_prepare: Sequence[tuple[tuple[int, int], str, Callable[[], Any]]]
-    ) -> set[tuple[int, int]]:
+    ) -> dict[tuple[int, int], BaseException]:
         # Run the given preparations, keyed by their candidate's (op, candidate)
         # position in the session: start every candidate's compilation, then
         # wait for what each left running (kernel builds, which overlap each
         # other and the next candidates' lowering).  A candidate whose
         # preparation fails is disqualified in its warmup, on every member.
-        # Returns the positions that failed.
-        failed: set[tuple[int, int]] = set()
+        # Returns the positions that failed, with their errors.
+        failed: dict[tuple[int, int], BaseException] = {}
 
         def attempt(
             position: tuple[int, int], name: str, step: Callable[[], Any]
         ) -> Any:
             try:
                 return step()
-            except Exception:
+            except Exception as error:
                 log.warning(
                     "collective autotuning: preparing %s failed", name, exc_info=True
                 )
-                failed.add(position)
+                failed[position] = error
                 return None
 
         running = []
@@ -427,9 +444,30 @@ class CollectiveBenchmarker:
             verdict.noise_floor,
         )
 
+    def _tuned_nothing(
+        self, op: OpToTune, decision: CollectiveDecision, notes: Sequence[str]
+    ) -> str:
+        # Warned on every member, in the words of the trace and TORCH_LOGS.
+        message = (
+            f"collective autotuning of {op.key} over group {self.group_name!r} "
+            f"tuned nothing: {decision.reason}. Each candidate: "
+            + "; ".join(
+                f"{result.name}: {note}"
+                for result, note in zip(decision.results, notes, strict=True)
+            )
+        )
+        if not self.config.strict:
+            log.warning(
+                "%s. Set torch._inductor.config.collective_benchmark_strict to "
+                "make this an error.",
+                message,
+            )
+        return message
+
     def _publish(
         self, op: OpToTune, decision: CollectiveDecision, source: DecisionSource
-    ) -> None:
+    ) -> list[str]:
+        # Into the trace and TORCH_LOGS; returns why each candidate won or lost.
         default = next((c.name for c in op.candidates if c.is_default), None)
         notes = explain(decision, default, self.config.confidence)
         publish(
@@ -448,6 +486,7 @@ class CollectiveBenchmarker:
                 f"{self.config.timeout.total_seconds():g}s), on rank {self.rank}"
             )
             decision_log.debug(describe(decision, header, source, notes))
+        return notes
 
 
 def _twin(first: Candidate) -> Candidate | None:

@@ -33,24 +33,51 @@ A gloo channel connects its ranks while it is built; once every member has
 built it, the last one deletes the rendezvous keys it used from the store
 (an NCCL channel connects at its first collective and keeps them).
 
-Why not ``dist.new_group`` or ``dist.split_group`` (torch 2.15), which build
-and register a group, and give it ``abort()`` and ``shutdown()``:
+A channel is a process group as c10d builds the user's, over the same
+ranks: every device type the group serves gets the same c10d backend,
+made by the creator c10d registered for it (``Backend._plugins``, as
+``_new_process_group_helper`` makes it), with the group's bound device.  A
+``cpu:gloo,cuda:nccl`` group, what ``init_process_group()`` without a
+backend makes on a GPU machine, gets a ``cpu:gloo,cuda:nccl`` channel; a
+``gloo`` group serves CUDA tensors too, and so does its channel.  While the
+candidates run (:func:`registered_as`), the channel also stands in the
+user's group's place in c10d's tables (``_world``), so that c10d calls that
+look a group up (``get_rank(group)``, ``get_backend(group)``, and the
+logger around every failing collective, which calls them) work on it, and
+a failing collective raises its own error, not a lookup's.
 
-* both name the group through ``_process_group_name``, which advances
-  ``_world.group_count`` on the calling ranks only.  The ranks of a group
-  that tunes would name the groups the program creates afterwards
-  differently from the ranks that do not tune (other groups, or a cache
-  hit), and a group's name is in the program's cache keys;
-* ``split_group`` is a collective on the user's group (its backend's
-  ``split_group``), which can block on a peer that died after the join;
-  the store rendezvous below is bounded by the protocol's timeout;
+The store a channel's backends rendezvous on is kept as long as the
+channel: c10d holds only the C++ part of a store written in Python (the
+one that records gloo's keys), and NCCL connects at its first collective.
+NCCL's keys stay in the store with the channel, which is built once per
+group and process and reused while healthy.
+
+Why not ``dist.new_group`` or ``dist.split_group`` (torch 2.15), which build
+and register a group, and give it ``abort()`` and ``shutdown()``, nor
+``_new_group_with_tag`` as ``distributed_autotune.get_autotune_pg`` uses it
+(one group for every rank of the job, built eagerly):
+
+* ``new_group`` without ``use_local_synchronization`` and
+  ``_new_group_with_tag`` must be called by every rank of the job, but only
+  the members of the group that tunes take part in a session; all of them,
+  ``split_group`` too, name the group through ``_process_group_name``,
+  which advances ``_world.group_count`` (on both of its paths, in 2.15) on
+  the calling ranks only: the ranks that tune would name the groups the
+  program creates afterwards differently from the ranks that do not (other
+  groups, or a cache hit), and a group's name is in the program's cache
+  keys;
+* ``new_group`` splits an NCCL communicator from the default group's when
+  the job bound a device (``init_process_group(device_id=...)``), and
+  ``split_group`` splits the user's group's: both are collectives over
+  ranks that may not take part in the session, or that died after the
+  join; the store rendezvous below is bounded by the protocol's timeout;
 * a group in ``_world`` is the user's to enumerate and destroy
   (``destroy_process_group()`` walks them all); a channel is private to
   the protocol, which drops it when a collective on it fails.
 
-So a channel is constructed from ``ProcessGroupGloo`` / ``ProcessGroupNCCL``
-directly, as ``_new_process_group_helper`` constructs them, and dropped as
-``destroy_process_group`` would (an NCCL channel is aborted).
+A channel is dropped as ``destroy_process_group`` would drop it (aborted
+when it has a backend other than gloo), and shut down at exit and when the
+job's default store is released (``destroy_process_group()``).
 
 Collectives an implementation issues through a ``ProcessGroup`` object it
 captured (rather than through a group name) run on that group, not on the
@@ -62,7 +89,10 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import logging
+import os
 import time
+import weakref
 from contextlib import contextmanager
 from typing import Any, TYPE_CHECKING
 
@@ -83,7 +113,14 @@ if TYPE_CHECKING:
     from datetime import timedelta
 
 
-__all__ = ["BenchmarkChannel", "build_channel", "registered_as"]
+__all__ = [
+    "BenchmarkChannel",
+    "build_channel",
+    "registered_as",
+    "served_backends",
+]
+
+log = logging.getLogger(__name__)
 
 
 class _RecordingStore(dist.Store):
@@ -131,62 +168,171 @@ class _RecordingStore(dist.Store):
         self.inner.set_timeout(timeout)
 
 
-def build_channel(
-    group: dist.ProcessGroup, prefix: str, timeout: timedelta
-) -> dist.ProcessGroup:
+def served_backends(group: dist.ProcessGroup) -> dict[str, str]:
+    """Each device type ``group`` serves, and the name of the c10d backend serving it.
+
+    As c10d recorded them when it built the group (``"undefined"``, a bare
+    ``init_process_group()``, resolved to what it built).  Raises
+    :class:`CollectiveBenchmarkError` for a group c10d did not build.
+    """
+    return _backend_config(group).get_device_backend_map()
+
+
+def _backend_config(group: dist.ProcessGroup) -> dist.distributed_c10d.BackendConfig:
+    config = dist.distributed_c10d._world.pg_backend_config.get(group)
+    if config is None:
+        raise CollectiveBenchmarkError(
+            f"collective autotuning: process group {group.group_name!r} was not "
+            "created by torch.distributed (init_process_group, new_group, "
+            "split_group), so its backends are unknown"
+        )
+    return dist.distributed_c10d.BackendConfig(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Built:
+    """A channel, and the store its gloo backend rendezvoused on, which must live as long."""
+
+    group: dist.ProcessGroup
+    store: dist.Store
+    only_gloo: bool
+
+
+def _make_backend(
+    name: str,
+    store: dist.Store,
+    group: dist.ProcessGroup,
+    channel: dist.ProcessGroup,
+    channel_name: dist.distributed_c10d.GroupName,
+    timeout: timedelta,
+) -> Any:
+    # One backend of the channel, as _new_process_group_helper makes the
+    # group's: by the creator c10d registered for its name, never split from
+    # a parent (a split is a collective over the parent's ranks).
+    dist.Backend._ensure_backend_registered(name)
+    plugin = dist.Backend._plugins.get(name.upper())
+    if plugin is None:
+        raise CollectiveBenchmarkError(
+            f"collective autotuning: c10d has no backend {name!r} to build the "
+            f"benchmark channel of group {group.group_name!r} with"
+        )
+    # gloo's timeout is what ends a collective that a peer left; other
+    # backends' watchdogs end the process at theirs, after the protocol has
+    # aborted the channel.
+    deadline = timeout if name == "gloo" else 2 * timeout
+    if not plugin.extended_api:
+        return plugin.creator_fn(store, group.rank(), group.size(), deadline)
+    options = dist.distributed_c10d._DistributedBackendOptions()
+    options.store = store
+    options.group_rank = group.rank()
+    options.group_size = group.size()
+    options.timeout = deadline
+    options.group_id = channel_name
+    options.global_ranks_in_group = dist.get_process_group_ranks(group)
+    options.process_group = channel
+    options.split_from = None
+    return plugin.creator_fn(options, _backend_options(group, name))
+
+
+def _backend_options(group: dist.ProcessGroup, name: str) -> Any:
+    # NCCL: the group's stream priority, so that candidates are timed on the
+    # streams the program runs on; the creator sets timeout, ranks and name.
+    if name != "nccl":
+        return None
+    options = dist.ProcessGroupNCCL.Options()
+    theirs = getattr(group._get_backend(torch.device("cuda")), "options", None)
+    options.is_high_priority_stream = bool(
+        getattr(theirs, "is_high_priority_stream", False)
+    )
+    return options
+
+
+def build_channel(group: dist.ProcessGroup, prefix: str, timeout: timedelta) -> _Built:
     """A private process group over ``group``'s ranks, on a fresh ``prefix`` of the default store.
 
-    Every member of ``group`` must call it with the same ``prefix``.  Raises
-    what the backend raises when the ranks cannot connect.
+    It serves each device type ``group`` serves with the same backend
+    (:func:`served_backends`), bound to the group's device; it is not in
+    c10d's tables.  Every member of ``group`` must call it with the same
+    ``prefix``.  Raises :class:`CollectiveBenchmarkError` for a backend
+    c10d cannot build, and what the backend raises when the ranks cannot
+    connect.
     """
+    config = _backend_config(group)
+    served = config.get_device_backend_map()
     root = dist.distributed_c10d._get_default_store()
+    # gloo's keys are recorded, to be deleted once every member connected;
+    # the others' go to C++ stores (NCCL's may be used from its own threads,
+    # long after the build).
+    plain = dist.PrefixStore(prefix, root)
     recording = _RecordingStore(dist.PrefixStore(prefix, root))
-    rank, size = group.rank(), group.size()
-    channel = dist.ProcessGroup(recording, rank, size)
-    backend = dist.get_backend(group)
-    impl: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = 2 * timeout  # the protocol aborts first
-        impl = dist.ProcessGroupNCCL(
-            dist.PrefixStore("cuda/", recording), rank, size, options
+    channel = dist.ProcessGroup(plain, group.rank(), group.size())
+    channel._set_default_backend(
+        dist.distributed_c10d._get_default_backend_type_for_backend_config(
+            config, group.bound_device_id
         )
-        device, backend_type = torch.device("cuda"), dist.ProcessGroup.BackendType.NCCL
-    elif backend == "gloo":
-        impl = dist.ProcessGroupGloo(
-            dist.PrefixStore("cpu/", recording), rank, size, timeout
-        )
-        device, backend_type = torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO
-    else:
-        raise CollectiveBenchmarkError(
-            f"collective autotuning supports gloo and nccl groups, not {backend!r}"
-        )
-    channel._register_backend(device, backend_type, impl)
-    channel._set_default_backend(backend_type)
-    channel._set_group_name(
-        dist.distributed_c10d.GroupName(f"{group.group_name}:benchmark")
     )
-    if backend == "gloo":
+    if group.bound_device_id is not None:
+        channel.bound_device_id = group.bound_device_id
+    channel_name = dist.distributed_c10d.GroupName(f"{group.group_name}:benchmark")
+    for name in dict.fromkeys(served.values()):
+        store = recording if name == "gloo" else plain
+        impl = _make_backend(
+            name,
+            dist.PrefixStore(f"{name}/", store),
+            group,
+            channel,
+            channel_name,
+            timeout,
+        )
+        if isinstance(impl, dist.ProcessGroup):
+            raise CollectiveBenchmarkError(
+                f"collective autotuning: backend {name!r} of group "
+                f"{group.group_name!r} builds a whole process group; its "
+                "benchmark channel cannot mirror it"
+            )
+        backend_type = dist.Backend.backend_type_map.get(
+            name, dist.ProcessGroup.BackendType.CUSTOM
+        )
+        for device, served_by in served.items():
+            if served_by == name:
+                channel._register_backend(torch.device(device), backend_type, impl)
+    # Named once its backends exist, which take the name too (as c10d does).
+    channel._set_group_name(channel_name)
+    channel._set_group_desc(f"collective autotuning channel of {group.group_name}")
+    if "gloo" in served.values() and not _gloo_connects_lazily():
         # Connected: the member that finishes last removes what they used
         # (under the names PrefixStore gives them: prefix, "/", key).
         client = main_store_client()
-        if client.add(f"{prefix}/built", 1) == size:
+        if client.add(f"{prefix}/built", 1) == group.size():
             for key in [*sorted(recording.keys), "built"]:
                 client.delete(f"{prefix}/{key}")
-    return channel
+    return _Built(channel, recording, set(served.values()) == {"gloo"})
+
+
+def _gloo_connects_lazily() -> bool:
+    # TORCH_GLOO_LAZY_INIT makes gloo connect at its first collective, after
+    # the build: its keys must stay (c10d reads the variable as a bool).
+    value = os.environ.get("TORCH_GLOO_LAZY_INIT", "0").strip().lower()
+    return value in ("1", "true", "yes", "y", "on")
 
 
 @contextmanager
-def registered_as(name: str, group: dist.ProcessGroup) -> Iterator[None]:
-    """Point the process-group name ``name`` at ``group`` for the duration, then restore it.
+def registered_as(
+    name: str, channel: dist.ProcessGroup, group: dist.ProcessGroup
+) -> Iterator[None]:
+    """Let ``channel`` stand in for ``group``, named ``name``, for the duration.
 
     Functional collectives resolve their group by name at run time, so the
-    candidates' collectives run on ``group`` (a benchmark channel).
+    candidates' collectives run on ``channel`` (a benchmark channel); c10d
+    calls that look a group up in its tables (``get_rank(channel)``,
+    ``get_backend(channel)``, the logger around a failing collective) find
+    ``group``'s entries.  Everything is restored on exit.
     """
     # The candidates are compiled naming the user's group, as the program
     # will run them; re-tracing them for a channel's own name would time
     # other code than the program's.  c10d has no public API to re-point a
-    # name, hence its private registry.
+    # name, nor to enter a group in its tables without building it, hence
+    # its private registry and tables.
     from torch._C._distributed_c10d import (
         _register_process_group,
         _resolve_process_group,
@@ -195,13 +341,39 @@ def registered_as(name: str, group: dist.ProcessGroup) -> Iterator[None]:
 
     group_name = dist.distributed_c10d.GroupName(name)
     original = _resolve_process_group(group_name)
+    world = dist.distributed_c10d._world
+    world.pg_map[channel] = world.pg_map[group]
+    world.pg_names[channel] = world.pg_names[group]
+    world.pg_group_ranks[channel] = world.pg_group_ranks[group]
+    world.pg_backend_config[channel] = world.pg_backend_config[group]
     _unregister_process_group(group_name)
-    _register_process_group(group_name, group)
+    _register_process_group(group_name, channel)
     try:
         yield
     finally:
         _unregister_process_group(group_name)
         _register_process_group(group_name, original)
+        for table in (
+            world.pg_map,
+            world.pg_names,
+            world.pg_group_ranks,
+            world.pg_backend_config,
+        ):
+            table.pop(channel, None)
+
+
+def _release(built: _Built | None) -> None:
+    # Release a healthy channel as destroy_process_group() would: a backend
+    # other than gloo is shut down (its communicator freed); a gloo one
+    # closes its sockets with its last reference.
+    if built is None or built.only_gloo:
+        return
+    try:
+        built.group.shutdown()
+    except Exception:
+        log.debug(
+            "collective autotuning: shutting a channel down failed", exc_info=True
+        )
 
 
 @dataclasses.dataclass
@@ -214,20 +386,33 @@ class _GroupState:
 
     sessions: int = 0
     channels: int = 0
-    channel: dist.ProcessGroup | None = None
+    channel: _Built | None = None
     channel_timeout: timedelta | None = None
     # The group the channel mirrors: a group re-created under the same name
     # (destroy_process_group, then init again) must not reuse the old channel.
-    group: dist.ProcessGroup | None = None
+    group: weakref.ref[dist.ProcessGroup] | None = None
 
 
 _group_states: dict[str, _GroupState] = {}
+# The default store the channels were built on: released by
+# destroy_process_group(), which releases the channels with it.
+_released_with: weakref.ref[dist.Store] | None = None
 
 
 def _group_state(group: dist.ProcessGroup) -> _GroupState:
+    global _released_with
+    store = dist.distributed_c10d._get_default_store()
+    if _released_with is None or _released_with() is not store:
+        _release_channels()
+        _released_with = weakref.ref(store)
+        weakref.finalize(store, _release_channels)
+    # Counters survive a new store: a job that destroys its process group and
+    # initializes it again may keep the same store server, whose keys from
+    # the earlier channels must not be read again.
     state = _group_states.setdefault(group.group_name, _GroupState())
-    if state.group is not group:
-        state.group, state.channel = group, None
+    if state.group is None or state.group() is not group:
+        _release(state.channel)
+        state.group, state.channel = weakref.ref(group), None
     return state
 
 
@@ -237,7 +422,9 @@ def _release_channels() -> None:
     # not know about.  Release them while the interpreter is still alive: a
     # gloo worker thread that drops a tensor during interpreter finalization
     # needs the GIL and aborts the process (pytorch/pytorch#190489).
-    _group_states.clear()
+    for state in _group_states.values():
+        built, state.channel = state.channel, None
+        _release(built)
 
 
 class BenchmarkChannel:
@@ -254,7 +441,10 @@ class BenchmarkChannel:
         self.group = group
         self.device = device
         self.timeout = timeout
-        self.backend = dist.get_backend(group)
+        self.served = served_backends(group)
+        # The backend the candidates' collectives run on (None: the group
+        # serves no backend for their device, and they fail as in the program).
+        self.backend = self.served.get(device.type)
         self._state = _group_state(group)
 
     def next_session(self) -> int:
@@ -272,7 +462,7 @@ class BenchmarkChannel:
             state.channel_timeout = self.timeout
             prefix = f"{STORE_PREFIX}/{self.group.group_name}/channel{state.channels}/"
             state.channel = build_channel(self.group, prefix, self.timeout)
-        return state.channel
+        return state.channel.group
 
     def drop(self) -> None:
         """Discard the channel; a peer's pending collective on it fails at once.
@@ -281,23 +471,23 @@ class BenchmarkChannel:
         collective of this rank is still pending on it (its wait timed out),
         when that collective ends, within the channel's own timeout.
         """
-        # Dropping the last reference closes a gloo channel's sockets; NCCL
-        # needs an abort.  ~ProcessGroupGloo first joins its worker threads,
+        # Dropping the last reference closes a gloo channel's sockets; other
+        # backends (NCCL) need an abort.  ~ProcessGroupGloo first joins its worker threads,
         # and a worker that releases a finished work may need the GIL (to
         # free its tensors' Python objects).  The join runs without the GIL:
         # the reference dropped here is the Python object's, whose holder
         # (c10d's IntrusivePtrNoGilDestructor) releases the GIL first, so
         # the worker finishes and this rank's heartbeat goes on (measured
         # with scripts/repro_gloo_destroy_pending.py).
-        channel, self._state.channel = self._state.channel, None
-        if channel is not None and self.backend == "nccl":
-            channel.abort()
+        built, self._state.channel = self._state.channel, None
+        if built is not None and not built.only_gloo:
+            built.group.abort()
 
     @contextmanager
     def registered(self) -> Iterator[dist.ProcessGroup]:
         """The channel, registered under the group's name for the duration."""
         channel = self.get()
-        with registered_as(self.group.group_name, channel):
+        with registered_as(self.group.group_name, channel, self.group):
             yield channel
 
     def all_gather(self, values: list[float]) -> list[list[float]]:
@@ -320,7 +510,9 @@ class BenchmarkChannel:
         return float(tensor.item())
 
     def _tensor(self, values: list[float]) -> torch.Tensor:
-        device = torch.device("cpu") if self.backend == "gloo" else self.device
+        # On the host where the channel serves it (no device sync), else on
+        # the candidates' device (an NCCL-only group).
+        device = torch.device("cpu") if "cpu" in self.served else self.device
         return torch.tensor(values, dtype=torch.float64, device=device)
 
     def _wait(self, work: dist.Work) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "outputs_match",
     "pick_winner",
     "sign_test_p_value",
+    "tuned_nothing",
     "Verdict",
 ]
 
@@ -138,6 +139,9 @@ class DecisionRule(enum.Enum):
     SIGNIFICANT = "faster and significant"  # beat the default beyond noise
     DO_NO_HARM = "do-no-harm"  # the default stays: the others did not beat it
     ALL_FAILED = "every candidate failed"  # nothing qualified: the default runs
+    # The op's own default failed where the program runs it anyway: the
+    # harness is at fault, not a candidate; nothing is tuned.
+    DEFAULT_FAILED = "the default failed: nothing tuned"
     MIN_SPEEDUP = "below min_speedup_threshold"  # the default stays
     # No session: Inductor's deterministic mode benchmarks nothing and takes
     # the op's default (reporting.py reports it all the same).
@@ -349,8 +353,23 @@ def decide(
     The fastest qualified candidate wins, near-ties going to the earlier
     (:func:`pick_winner`); a winner other than the default must also beat the
     default beyond noise (:func:`beats_default`, with the default's ``twin``
-    when it was timed), or the default stays.
+    when it was timed), or the default stays.  A default that failed decides
+    nothing (``DEFAULT_FAILED``, no winner): it is the op's own code, which
+    the program runs untuned anyway, so its failure is the benchmark
+    harness's, and the others' results, screened against no reference, are
+    not to be trusted.
     """
+    if has_default and results[0].status is not CandidateStatus.OK:
+        default = results[0]
+        where = f" in {default.stage}" if default.stage else ""
+        return Verdict(
+            None,
+            DecisionRule.DEFAULT_FAILED,
+            f"the default {default.name} {_status_text(default.status)}{where}: "
+            "the op's own code failed where the program runs it, so the "
+            "benchmark, not a candidate, is at fault; nothing is tuned and every "
+            "rank uses the default",
+        )
     times = [result.time_ms for result in results]
     index = pick_winner(times, tie_tolerance)
     if index is None:
@@ -369,7 +388,7 @@ def decide(
             "to the default, then to registration order",
         )
     )
-    if not has_default or results[0].status is not CandidateStatus.OK:
+    if not has_default:
         return Verdict(index, rule, reason)
     floor = noise_floor(results[0], twin)
     if index == 0:
@@ -384,6 +403,15 @@ def decide(
         f"session's noise at {confidence:.0%} confidence",
         floor,
     )
+
+
+def _status_text(status: CandidateStatus) -> str:
+    return status.name.lower().replace("_", " ")
+
+
+def tuned_nothing(decision: CollectiveDecision) -> bool:
+    """Whether ``decision`` kept the default because nothing could be measured."""
+    return decision.rule in (DecisionRule.ALL_FAILED, DecisionRule.DEFAULT_FAILED)
 
 
 def interleaved_order(count: int, seed: str) -> list[int]:

@@ -221,10 +221,11 @@ def describe(
             + ("" if math.isnan(report.median_ms) else f" {report.median_ms:.4f}ms")
             for index, report in enumerate(result.reports)
         )
+        # Where and why a disqualified candidate failed is its note's to say.
         verdict = (
             f"{result.time_ms:.4f} ms"
             if result.status is CandidateStatus.OK
-            else f"disqualified ({result.status.name.lower()} in {result.stage})"
+            else "disqualified"
         )
         lines.append(
             f"  {result.name:<40} {verdict:<40} {note:<56} "

@@ -115,6 +115,11 @@ def classify(error: BaseException) -> CandidateStatus:
     return CandidateStatus.RAISED
 
 
+# How much of an error's first line a failure post carries to the other
+# members (the store holds it until the session ends).
+_ERROR_CHARS = 160
+
+
 class _StepFailed(Exception):
     def __init__(
         self,
@@ -125,8 +130,14 @@ class _StepFailed(Exception):
     ) -> None:
         super().__init__(f"{status.name} during {stage}: {error!r}")
         self.status = status
-        self.stage = stage
+        # Where, and the error: what every member's report of the step names.
+        self.stage = stage if error is None else f"{stage}: {_first_line(error)}"
         self.step = step  # in the session's schedule; None: the step the caller is at
+
+
+def _first_line(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {str(error).strip()}".splitlines()[0]
+    return text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 3] + "..."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -313,7 +324,8 @@ class SessionRun:
     on every member never runs); on gloo, a candidate that keeps several
     collectives in flight never runs either (unless the config allows it).
     ``prepare_errors`` holds, by the time :meth:`run` is called, the
-    positions whose local preparation (compilation) failed on this member:
+    positions whose local preparation (compilation) failed on this member,
+    with the error:
     a run is built before its candidates are compiled, so that no candidate
     in :attr:`excluded` (which never runs) is compiled.  ``twins`` gives,
     per op, the *twin* of its default (the same implementation, or None):
@@ -330,7 +342,7 @@ class SessionRun:
         control: ControlStore,
         plans: Sequence[tuple[str, Sequence[Candidate]]],
         excluded: dict[tuple[int, int], CandidateResult],
-        prepare_errors: set[tuple[int, int]],
+        prepare_errors: dict[tuple[int, int], BaseException],
         twins: Sequence[Candidate | None] | None = None,
     ) -> None:
         self.config = config
@@ -523,8 +535,9 @@ class SessionRun:
     def _warm_up(
         self, index: int, step: _Step, candidate: Candidate, local: _LocalOutcomes
     ) -> None:
-        if (step.op, step.candidate) in self.prepare_errors:
-            raise _StepFailed(CandidateStatus.RAISED, "prepare", step=index)
+        error = self.prepare_errors.get((step.op, step.candidate))
+        if error is not None:
+            raise _StepFailed(CandidateStatus.RAISED, "prepare", error, step=index)
         counters["collective_autotuning"]["rounds"] += 1
         status = CandidateStatus.OK
         try:

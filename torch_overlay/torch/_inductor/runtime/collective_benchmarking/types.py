@@ -80,6 +80,11 @@ class CollectiveBenchmarkConfig:
     allow_gloo_overlap: bool = False
     """Let candidates that keep several collectives in flight on one gloo group compete."""
 
+    strict: bool = False
+    """Raise, on every member, when a session tunes nothing because its op's
+    default or every candidate failed (the harness, not a candidate, is then
+    at fault), instead of warning and keeping the default."""
+
     decision_dir: str | None = dataclasses.field(
         default=None, compare=False, repr=False
     )

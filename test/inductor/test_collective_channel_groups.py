@@ -1,0 +1,193 @@
+"""Benchmark channels built as c10d builds the user's process group.
+
+Jobs make their groups as torchrun's examples do, ``init_process_group()``
+without a backend (``cpu:gloo`` here, ``cpu:gloo,cuda:nccl`` on a GPU
+machine), or name one backend for every device type (``gloo`` serves CPU and
+CUDA tensors).  What this checks, on one process (one-rank groups):
+
+* A channel serves the device types its group serves, each with the same
+  backend, whatever the group was initialized with.
+* While the candidates run, c10d's lookups work on the channel
+  (``get_rank``, ``get_world_size``, ``get_backend``,
+  ``get_process_group_ranks``), and a collective that fails raises the
+  backend's own error, not a lookup's ``ValueError``; afterwards the channel
+  is out of c10d's tables again.
+* The user's program sees nothing of it: group names and ``group_count``
+  are the same after a session; ``destroy_process_group()`` releases the
+  channel, and a job that initializes again gets a new one.
+* A ``cpu:gloo,cuda:nccl`` group's NCCL part, built by a recording stand-in
+  registered as c10d's NCCL backend: the channel's NCCL backend is bound to
+  the group's device, gets NCCL options, twice the protocol's timeout, the
+  group's global ranks and the channel's name, and its store still works
+  after ``gc.collect()`` (a store that c10d held only half of failed there
+  with "Not implemented" at NCCL's first collective).
+"""
+
+from __future__ import annotations
+
+import gc
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._dynamo.utils import counters
+from torch._inductor.runtime.collective_benchmarking import channels as cc
+from torch._inductor.runtime.collective_benchmarking.benchmarker import (
+    CollectiveBenchmarker,
+)
+from torch._inductor.runtime.collective_benchmarking.types import (
+    Candidate,
+    CollectiveBenchmarkConfig,
+)
+from torch.distributed.distributed_c10d import _world, Backend
+from torch.testing._internal.common_utils import (
+    instantiate_parametrized_tests,
+    parametrize,
+    run_tests,
+    TestCase,
+)
+
+from rank_processes import one_rank_file_store
+
+CPU = torch.device("cpu")
+TIMEOUT = timedelta(seconds=5)
+funcol = torch.ops._c10d_functional
+
+
+class ChannelGroupTestCase(TestCase):
+    def init(self, backend: str | None) -> dist.ProcessGroup:
+        store = one_rank_file_store(self)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
+        self.addCleanup(self._destroy)
+        return dist.group.WORLD
+
+    def _destroy(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@instantiate_parametrized_tests
+class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
+    @parametrize("backend", [None, "gloo", "cpu:gloo"])
+    def test_serves_the_device_types_of_its_group(self, backend):
+        group = self.init(backend)
+        channel = cc.BenchmarkChannel(group, CPU, TIMEOUT).get()
+        self.assertEqual(set(channel._device_types), set(group._device_types))
+        for device in group._device_types:
+            self.assertEqual(
+                channel._get_backend(device).name(), group._get_backend(device).name()
+            )
+        expected = (
+            {"cpu": "gloo"} if backend != "gloo" else {"cpu": "gloo", "cuda": "gloo"}
+        )
+        self.assertEqual(cc.served_backends(group), expected)
+
+    def test_c10d_lookups_work_and_a_failing_collective_raises_its_own_error(self):
+        group = self.init(None)
+        channel = cc.BenchmarkChannel(group, CPU, TIMEOUT)
+        with channel.registered() as registered:
+            self.assertEqual(
+                (
+                    dist.get_rank(registered),
+                    dist.get_world_size(registered),
+                    dist.get_backend(registered),
+                    dist.get_process_group_ranks(registered),
+                ),
+                (0, 1, "undefined", [0]),
+            )
+            # c10d's logger around a failing collective looks the group up:
+            # without the channel in its tables, a ValueError hid this error.
+            with self.assertRaisesRegex(RuntimeError, "invalid tensor size"):
+                dist.all_gather_into_tensor(
+                    torch.empty(3), torch.ones(2), group=registered
+                )
+        self.assertNotIn(registered, _world.pg_map)
+        self.assertEqual(_world.pg_names[group], group.group_name)
+
+    def test_the_program_sees_nothing_of_it(self):
+        group = self.init(None)
+        names, count = dict(_world.pg_names), _world.group_count
+        name = group.group_name
+        candidates = [
+            Candidate("default", lambda: torch.ones(2), is_default=True),
+            Candidate(
+                "direct",
+                lambda: funcol.wait_tensor(
+                    funcol.all_reduce(torch.ones(2), "sum", name)
+                ),
+            ),
+        ]
+        config = CollectiveBenchmarkConfig(timeout=TIMEOUT, nwarmup=1, nruns=3)
+        counters.clear()
+        decision = CollectiveBenchmarker(None, config).run(candidates, key="op")
+        self.assertEqual(counters["collective_autotuning"]["ops"], 1)
+        self.assertIn(decision.winner, {"default", "direct"})
+        self.assertEqual((dict(_world.pg_names), _world.group_count), (names, count))
+        self.assertEqual(len(_world.pg_map), 1)
+        state = cc._group_states[name]
+        self.assertIsNotNone(state.channel)
+        # destroy_process_group() releases it; a new group gets a new channel.
+        dist.destroy_process_group()
+        gc.collect()
+        self.assertIsNone(state.channel)
+        group = self.init(None)
+        self.assertIsNotNone(cc.BenchmarkChannel(group, CPU, TIMEOUT).get())
+
+
+class TestNcclPartOfAMixedGroup(ChannelGroupTestCase):
+    def setUp(self):
+        super().setUp()
+        # A recording stand-in for c10d's NCCL backend: a gloo backend
+        # underneath (no GPU here), its construction arguments recorded.
+        self.built: list = []
+        Backend._ensure_backend_registered("nccl")
+        real = Backend._plugins["NCCL"]
+        self.addCleanup(Backend._plugins.__setitem__, "NCCL", real)
+
+        def recording(options, backend_options):
+            self.built.append((options, backend_options))
+            return dist.ProcessGroupGloo(
+                options.store, options.group_rank, options.group_size, options.timeout
+            )
+
+        Backend._plugins["NCCL"] = Backend._BackendPlugin(recording, True)
+        # And the stores c10d's gloo creator is given.
+        self.gloo_stores: list = []
+        Backend._ensure_backend_registered("gloo")
+        gloo = Backend._plugins["GLOO"]
+        self.addCleanup(Backend._plugins.__setitem__, "GLOO", gloo)
+
+        def gloo_recording(options, backend_options):
+            self.gloo_stores.append(options.store)
+            return gloo.creator_fn(options, backend_options)
+
+        Backend._plugins["GLOO"] = Backend._BackendPlugin(gloo_recording, True)
+
+    def test_construction_arguments(self):
+        group = self.init("cpu:gloo,cuda:nccl")
+        group.bound_device_id = torch.device("cuda", 3)  # as device_id= binds it
+        channel = cc.BenchmarkChannel(group, CPU, TIMEOUT)
+        built = channel.get()
+        self.assertEqual(len(self.built), 2)  # the group's, then the channel's
+        options, nccl_options = self.built[-1]
+        self.assertIs(options.process_group, built)
+        self.assertEqual(built.bound_device_id, torch.device("cuda", 3))
+        self.assertEqual(options.timeout, 2 * TIMEOUT)  # the protocol aborts first
+        self.assertEqual(options.global_ranks_in_group, [0])
+        self.assertEqual(options.group_id, f"{group.group_name}:benchmark")
+        self.assertIsNone(options.split_from)  # a split is a collective
+        self.assertIsInstance(nccl_options, dist.ProcessGroupNCCL.Options)
+        self.assertEqual(set(built._device_types), set(group._device_types))
+        self.assertEqual(channel.backend, "gloo")  # CPU candidates run on gloo
+        # NCCL rendezvous at its first collective, long after the build; a
+        # store written in Python (gloo's, which records its keys) must live
+        # as long as the channel: c10d holds only its C++ half.
+        gc.collect()
+        for store in (options.store, self.gloo_stores[-1]):
+            store.set("unique_id", "x")
+            self.assertEqual(store.get("unique_id"), b"x")
+        self.assertEqual(channel.all_gather([2.0]), [[2.0]])
+
+
+if __name__ == "__main__":
+    run_tests()
