@@ -131,6 +131,62 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         decision = cb.CollectiveBenchmarker(None, self.config).run(candidates)
         self.assertIsNone(decision.winner)
 
+    def test_a_session_that_tunes_nothing_says_why_everywhere(self):
+        # The default failing is the harness's fault: no winner, whatever the
+        # others did, nothing remembered, and the warning, the trace artifact
+        # and TORCH_LOGS name each candidate's error alike; strict raises.
+        # (Imported here: earlier prefixes of the series lack these modules.)
+        import json
+        from unittest import mock
+
+        from torch._inductor.runtime.collective_benchmarking import (
+            decision_cache,
+            reporting,
+        )
+
+        error = RuntimeError("No backend type associated with device type cuda")
+        op = ct.OpToTune(
+            "op",
+            [
+                self.candidate("default", None, is_default=True, raise_on={1: error}),
+                self.candidate("fast", torch.ones(2)),
+            ],
+            memo_key="op alone",
+        )
+        payloads = []
+        with (
+            mock.patch.object(
+                reporting,
+                "trace_structured",
+                side_effect=lambda *a, **k: payloads.append(
+                    json.loads(k["payload_fn"]())
+                ),
+            ),
+            self.assertLogs(cb.log, "WARNING") as warnings,
+            self.assertLogs(cb.decision_log, "DEBUG") as table,
+        ):
+            benchmarker = cb.CollectiveBenchmarker(None, self.config)
+            (decision,) = benchmarker.run_batch([op])
+        self.assertEqual(
+            (decision.winner, decision.rule), (None, cd.DecisionRule.DEFAULT_FAILED)
+        )
+        self.assertIsNone(decision_cache.recall(benchmarker, op))
+        why = "disqualified: raised on rank 0 in warmup: RuntimeError: No backend type"
+        (payload,) = payloads
+        self.assertEqual(payload["rule"], "the default failed: nothing tuned")
+        self.assertIn(why, payload["candidates"][0]["why"])
+        for report in ("\n".join(warnings.output), "\n".join(table.output)):
+            self.assertIn(why, report)
+        self.assertIn("tuned nothing", "\n".join(warnings.output))
+        strict = ct.CollectiveBenchmarkConfig(
+            timeout=timedelta(seconds=5), nwarmup=1, nruns=3, strict=True
+        )
+        default = self.candidate("default", None, is_default=True, raise_on={1: error})
+        with self.assertRaisesRegex(cs.CollectiveBenchmarkError, "tuned nothing"):
+            cb.CollectiveBenchmarker(None, strict).run(
+                [default, self.candidate("fast", torch.ones(2))]
+            )
+
     def test_batch_has_one_join_and_screens_each_op_against_its_own_default(self):
         from torch._dynamo.utils import compilation_time_metrics, counters
 
