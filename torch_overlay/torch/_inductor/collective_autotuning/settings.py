@@ -4,7 +4,8 @@ The protocol takes its settings as a :class:`CollectiveBenchmarkConfig` and
 never reads Inductor's config; this module is the one place that does.  A
 value out of its range is reported when it is read, at the start of the
 compile step that needs it, naming the knob and its environment variable,
-rather than as a dataclass field deep inside a session.
+rather than as a dataclass field deep inside a session.  It also holds the
+settings a rank compiles a candidate under (:func:`candidate_compile_settings`).
 """
 
 from __future__ import annotations
