@@ -21,9 +21,12 @@ Inductor's choices in ``test_collective_choices.py``):
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from datetime import timedelta
+from typing import TYPE_CHECKING
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -37,7 +40,22 @@ from torch.testing._internal.common_utils import TestCase, run_tests
 
 from rank_processes import one_rank_file_store
 
+if TYPE_CHECKING:
+    import contextlib
+
 Status = cd.CandidateStatus
+
+
+def decision_artifacts(payloads: list) -> contextlib.AbstractContextManager:
+    """Collect each decision artifact's JSON payload in ``payloads`` instead of tracing it."""
+    # Imported here: the prefixes of the series before 0017 have no reporting.
+    from torch._inductor.runtime.collective_benchmarking import reporting
+
+    return mock.patch.object(
+        reporting,
+        "trace_structured",
+        side_effect=lambda *a, **k: payloads.append(json.loads(k["payload_fn"]())),
+    )
 
 
 class OneRankGroupTestCase(TestCase):
@@ -135,14 +153,8 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         # The default failing is the harness's fault: no winner, whatever the
         # others did, nothing remembered, and the warning, the trace artifact
         # and TORCH_LOGS name each candidate's error alike; strict raises.
-        # (Imported here: earlier prefixes of the series lack these modules.)
-        import json
-        from unittest import mock
-
-        from torch._inductor.runtime.collective_benchmarking import (
-            decision_cache,
-            reporting,
-        )
+        # (Imported here: earlier prefixes of the series lack it.)
+        from torch._inductor.runtime.collective_benchmarking import decision_cache
 
         error = RuntimeError("No backend type associated with device type cuda")
         op = ct.OpToTune(
@@ -155,13 +167,7 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         )
         payloads = []
         with (
-            mock.patch.object(
-                reporting,
-                "trace_structured",
-                side_effect=lambda *a, **k: payloads.append(
-                    json.loads(k["payload_fn"]())
-                ),
-            ),
+            decision_artifacts(payloads),
             self.assertLogs(cb.log, "WARNING") as warnings,
             self.assertLogs(cb.decision_log, "DEBUG") as table,
         ):
@@ -271,17 +277,13 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
     def test_deterministic_mode_benchmarks_nothing(self):
         # As for every op in deterministic mode (may_ban_benchmarking), the
         # eager default is taken without a session, on both paths, and the
-        # trace says so (0017's reporting, imported here so that the file
-        # runs on the prefixes before it).
-        import json
-        from unittest import mock
-
+        # trace says so (0017's reporting, read through decision_artifacts so
+        # that the file runs on the prefixes before it).
         from torch._dynamo.utils import counters
         from torch._inductor import config
         from torch._inductor.kernel.collective_implementations import (
             register_collective_implementations,
         )
-        from torch._inductor.runtime.collective_benchmarking import reporting
 
         ran = []
 
@@ -306,13 +308,7 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
             ran.clear()
             payloads = []
             with (
-                mock.patch.object(
-                    reporting,
-                    "trace_structured",
-                    side_effect=lambda *a, **k: payloads.append(
-                        json.loads(k["payload_fn"]())
-                    ),
-                ),
+                decision_artifacts(payloads),
                 config.patch(
                     deterministic=True,
                     defer_collective_autotuning=defer,
