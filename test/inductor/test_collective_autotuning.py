@@ -984,7 +984,9 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
 
     TIMEOUT = datetime.timedelta(seconds=3)
 
-    def _benchmarker(self, **settings):
+    def _benchmarker(self, remember_decisions: bool = False):
+        """This rank's benchmarker; with ``remember_decisions``, decisions go to
+        this rank's own cache directory, which exists only once the group is up."""
         from torch._inductor.runtime.collective_benchmarking.benchmarker import (
             CollectiveBenchmarker,
         )
@@ -993,8 +995,18 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         )
 
         self._init_process_group()
+        # decision_dir only where asked: early prefixes of the series lack it.
+        remembering = (
+            {
+                "decision_dir": os.path.join(
+                    os.environ["TORCHINDUCTOR_CACHE_DIR"], "collective_decisions"
+                )
+            }
+            if remember_decisions
+            else {}
+        )
         config = CollectiveBenchmarkConfig(
-            timeout=self.TIMEOUT, nwarmup=1, nruns=1, **settings
+            timeout=self.TIMEOUT, nwarmup=1, nruns=1, **remembering
         )
         return CollectiveBenchmarker(None, config)
 
@@ -1018,10 +1030,9 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
             types as ct,
         )
 
-        stored = os.path.join(
-            os.environ["TORCHINDUCTOR_CACHE_DIR"], "collective_decisions"
-        )
-        benchmarker = self._benchmarker(decision_dir=stored)
+        # Each rank remembers in its own directory, as ranks on different hosts do.
+        benchmarker = self._benchmarker(remember_decisions=True)
+        stored = str(benchmarker.config.decision_dir)
         ran = collections.Counter()
 
         def candidate(name: str, is_default: bool = False) -> ct.Candidate:
@@ -1040,6 +1051,9 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         if self.rank == 1:  # as after a restart with an empty cache: nothing remembered
             decision_cache._remembered.clear()
             shutil.rmtree(stored)
+        dist.barrier()
+        if self.rank == 0:  # the premise: rank 1 forgot, rank 0 did not
+            self.assertTrue(os.listdir(stored))
         ran.clear()
         counters.clear()
         second = benchmarker.run_batch([op])[0]
