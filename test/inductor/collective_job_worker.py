@@ -18,7 +18,9 @@ shard and one compiled at another world size fails.
 
 ``--bare-init`` initializes the process group as torchrun's examples do,
 ``init_process_group()`` without a backend (c10d picks one per device type);
-otherwise it names ``gloo``.  ``--spawn N`` makes this process the parent of an ``mp.spawn`` job of N ranks
+otherwise it names ``gloo``.
+
+``--spawn N`` makes this process the parent of an ``mp.spawn`` job of N ranks
 (rank 0 then hosts the job's store, as under ``srun``).  The exit is what the
 launch tests look at: ``--no-destroy`` leaves the process group to the
 interpreter's exit, ``--last-to-exit`` makes the store's host (global rank 0)
