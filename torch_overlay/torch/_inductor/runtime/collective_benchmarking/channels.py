@@ -472,13 +472,13 @@ class BenchmarkChannel:
         when that collective ends, within the channel's own timeout.
         """
         # Dropping the last reference closes a gloo channel's sockets; other
-        # backends (NCCL) need an abort.  ~ProcessGroupGloo first joins its worker threads,
-        # and a worker that releases a finished work may need the GIL (to
-        # free its tensors' Python objects).  The join runs without the GIL:
-        # the reference dropped here is the Python object's, whose holder
-        # (c10d's IntrusivePtrNoGilDestructor) releases the GIL first, so
-        # the worker finishes and this rank's heartbeat goes on (measured
-        # with scripts/repro_gloo_destroy_pending.py).
+        # backends (NCCL) need an abort.  ~ProcessGroupGloo first joins its
+        # worker threads, and a worker that releases a finished work may need
+        # the GIL (to free its tensors' Python objects).  The join runs
+        # without the GIL: the reference dropped here is the Python object's,
+        # whose holder (c10d's IntrusivePtrNoGilDestructor) releases the GIL
+        # first, so the worker finishes and this rank's heartbeat goes on
+        # (measured with scripts/repro_gloo_destroy_pending.py).
         built, self._state.channel = self._state.channel, None
         if built is not None and not built.only_gloo:
             built.group.abort()

@@ -72,6 +72,11 @@ class CandidateStatus(enum.IntEnum):
     def retryable(self) -> bool:
         return self in (CandidateStatus.PEER_FAILED, CandidateStatus.TIMED_OUT)
 
+    @property
+    def description(self) -> str:
+        """The status in the words of reports and reasons: ``"timed out"``."""
+        return self.name.lower().replace("_", " ")
+
 
 # Screening tolerances (rtol, atol) per output dtype.  Candidates legitimately
 # reduce in a different order than the default (a ring all_reduce against
@@ -365,7 +370,7 @@ def decide(
         return Verdict(
             None,
             DecisionRule.DEFAULT_FAILED,
-            f"the default {default.name} {_status_text(default.status)}{where}: "
+            f"the default {default.name} {default.status.description}{where}: "
             "the op's own code failed where the program runs it, so the "
             "benchmark, not a candidate, is at fault; nothing is tuned and every "
             "rank uses the default",
@@ -403,10 +408,6 @@ def decide(
         f"session's noise at {confidence:.0%} confidence",
         floor,
     )
-
-
-def _status_text(status: CandidateStatus) -> str:
-    return status.name.lower().replace("_", " ")
 
 
 def tuned_nothing(decision: CollectiveDecision) -> bool:

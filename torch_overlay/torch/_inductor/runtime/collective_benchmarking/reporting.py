@@ -85,7 +85,7 @@ def explain(
             ]
             where = f" in {result.stage}" if result.stage else ""
             notes.append(
-                f"disqualified: {result.status.name.lower().replace('_', ' ')} on "
+                f"disqualified: {result.status.description} on "
                 f"rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}{where}"
             )
         elif result.name == default:
