@@ -9,14 +9,14 @@ this file checks the scheduler-level behaviour (torch/_inductor/collective_autot
   (``counters["collective_autotuning"]["presync"]``); the three identical
   world ops are benchmarked once under both paths.  Every op's winner is
   asserted on every rank, and the result exactly.
-* Fusion-aware choice: a candidate that is slower alone (it sleeps) but whose
-  pointwise tail fuses with the op's epilogue, saving a pass over a large
-  tensor.  V1 times it alone and keeps the default; V2 times every candidate
-  with the epilogue and picks it; the generated code shows the tail and the
-  epilogue in one kernel, and both results are correct.  Only that
-  candidate is compiled with the epilogue: the default and a candidate
-  ending in a custom op keep their own compilation and share one compiled
-  epilogue.
+* Fusion-aware choice: a candidate that is slower alone (it sleeps a third of
+  what one pass over the tensor costs on the machine) but whose pointwise
+  tail fuses with the op's epilogue, saving that pass.  V1 times it alone
+  and keeps the default; V2 times every candidate with the epilogue and
+  picks it; the generated code shows the tail and the epilogue in one
+  kernel, and both results are correct.  Only that candidate is compiled
+  with the epilogue: the default and a candidate ending in a custom op keep
+  their own compilation and share one compiled epilogue.
 * When the epilogue is timed is checked without ranks in
   ``test_collective_epilogue.py``.
 * Mismatched node lists: ranks that compiled different graphs (here one more
