@@ -67,6 +67,7 @@ from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
+from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.testing._internal.common_utils import run_tests
 
@@ -997,11 +998,7 @@ class CollectiveBenchmarkerMisuseTest(SpawnedRanksTestCase):
         self._init_process_group()
         # decision_dir only where asked: early prefixes of the series lack it.
         remembering = (
-            {
-                "decision_dir": os.path.join(
-                    os.environ["TORCHINDUCTOR_CACHE_DIR"], "collective_decisions"
-                )
-            }
+            {"decision_dir": os.path.join(cache_dir(), "collective_decisions")}
             if remember_decisions
             else {}
         )
