@@ -121,7 +121,7 @@ def worker(
     for kind in kinds:
         op = CASES[kind].op
         for size in sizes:
-            x = make_input(size, rank)
+            x = make_input(size, rank, torch.device("cpu"))
             # The autotuner's choice, compile after compile.
             choices = []
             for _ in range(compiles):

@@ -65,6 +65,7 @@ from torch._inductor.kernel.collective_implementations import (
     register_collective_implementations,
 )
 from torch._inductor.runtime.collective_benchmarking.channels import served_backends
+from torch._inductor.runtime.collective_benchmarking.timing import timer_name
 from torch._inductor.select_algorithm import add_feedback_saver
 from torch._inductor.virtualized import V
 from torch.distributed.distributed_c10d import _resolve_process_group
@@ -180,6 +181,7 @@ class AutotuneRecorder(InductorChoices):
         self.timings: list[dict[ChoiceCaller, float]] = []
         self.why: list[dict[ChoiceCaller, str]] = []
         self.rules: list[str] = []
+        self.timers: list[str] = []
         self.selected: list[ChoiceCaller] = []
 
     def feedback(
@@ -190,6 +192,7 @@ class AutotuneRecorder(InductorChoices):
         # each candidate won or lost, and the rule that chose the winner.
         self.why.append(timings.why())
         self.rules.append(timings.decision.rule.value)
+        self.timers.append(timings.decision.timer)
 
     def override_best_choice(self, best_choice, timings):
         self.selected.append(best_choice)
@@ -237,6 +240,7 @@ class Outcome:
     timings: dict[str, float]  # candidate -> ms on the slowest rank
     why: dict[str, str]  # candidate -> why it won or lost
     rule: str  # the rule that chose the winner
+    timer: str  # what timed the candidates, and how many runs
     winners: list[str]  # the candidate each rank selected, by rank
 
 
@@ -250,6 +254,7 @@ def autotune(
     recorder.timings.clear()
     recorder.why.clear()
     recorder.rules.clear()
+    recorder.timers.clear()
     recorder.selected.clear()
 
     torch._dynamo.reset()
@@ -274,7 +279,7 @@ def autotune(
 
     winners: list = [None] * world
     dist.all_gather_object(winners, winner)
-    return Outcome(kind, timings, why, recorder.rules[0], winners)
+    return Outcome(kind, timings, why, recorder.rules[0], recorder.timers[0], winners)
 
 
 def print_report(outcomes: list[Outcome]) -> None:
@@ -319,7 +324,7 @@ def print_report(outcomes: list[Outcome]) -> None:
         agreed = outcome.winners.count(outcome.winners[0])
         print(
             f"{outcome.kind}: winner: {outcome.winners[0]}, by the {outcome.rule} rule "
-            f"(agreed by {agreed}/{len(outcome.winners)} ranks)"
+            f"(agreed by {agreed}/{len(outcome.winners)} ranks; timed with {outcome.timer})"
         )
     print(
         "\nRules: a candidate replaces the default only when it is faster in "
@@ -392,7 +397,8 @@ def main() -> int:
     log(
         f"{world} ranks ({backends}; tensors on {device.type}), {numel} float32 "
         "elements per rank, "
-        f"{args.warmup} warmup + {args.nruns} timed runs per candidate"
+        f"{args.warmup} warmup + {args.nruns} timed runs per candidate, "
+        f"timed with {timer_name(device)}"
     )
     recorder = AutotuneRecorder()
     add_feedback_saver(recorder.feedback)

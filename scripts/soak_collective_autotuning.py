@@ -97,7 +97,7 @@ def worker(sessions: int, kinds: list[str], sizes: list[int], out_dir: Path) -> 
         decision_cache._remembered.clear()
         register_collective_implementations(case.op, kind)
         recorder.selected.clear()
-        x = make_input(size, rank)
+        x = make_input(size, rank, torch.device("cpu"))
         started = time.monotonic()
         with (
             V.set_choices_handler(recorder),
@@ -111,7 +111,7 @@ def worker(sessions: int, kinds: list[str], sizes: list[int], out_dir: Path) -> 
         ):
             result = torch.compile(lambda x, op=case.op: op(x, group_name))(x)
         seconds = time.monotonic() - started
-        inputs = [make_input(size, r) for r in range(world)]
+        inputs = [make_input(size, r, x.device) for r in range(world)]
         exact = torch.equal(result, case.expected(inputs, rank))
         chosen = (
             candidate_label(recorder.selected[-1], kind) if recorder.selected else "?"
@@ -317,8 +317,15 @@ def main() -> None:
             "session wall time median / p99 / max (s) |"
         )
         print("| --- | --- | --- | --- | --- | --- |")
+        clean = True
         for nproc in [int(n) for n in args.nproc.split(",")]:
             row = soak(nproc, args)
+            clean &= (
+                row["completed"] == args.sessions
+                and not row["aborts"]
+                and not row["hangs"]
+                and not row["failures"]
+            )
             print(
                 f"| {row['nproc']} | {row['completed']}/{args.sessions} "
                 f"| {len(row['aborts'])} | {row['hangs']} | {row['failures']} "
@@ -330,6 +337,8 @@ def main() -> None:
                     f"  ranks that failed: {row['crashed_ranks']} (signals: "
                     f"{row['signals']}); {row['error_tail']}"
                 )
+    if not clean:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,10 @@ collectives in flight on the group (the fastest by far) is found from its
 graph, disqualified on every rank without running, with a warning, and the
 healthy winner runs; with ``collective_benchmark_allow_gloo_overlap`` (at 2
 ranks) it competes and wins.
+A candidate calling a collective known to crash the job's backend (a
+stand-in entry of ``known_crashes.KNOWN_CRASHES`` for this job's backend and
+device; at 2 ranks) is out on every rank before it is compiled or run, with a
+warning naming the upstream issue, and the healthy winner runs.
 
 The NCCL classes run the same tests when enough GPUs are present and are
 skipped otherwise.
@@ -51,6 +55,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import dataclasses
 import datetime
 import logging
 import os
@@ -58,6 +63,7 @@ import shutil
 import signal
 import time
 import unittest
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -402,6 +408,15 @@ def all_reduce_two_in_flight(x):
     first = funcol.all_reduce(first, "sum", _group_name())
     second = funcol.all_reduce(second, "sum", _group_name())
     return torch.cat([_wait(first), _wait(second)])
+
+
+def all_reduce_through_all_gather(x):
+    """An all_reduce as a functional all_gather and a local sum: on gloo with CUDA tensors, it would crash."""
+    world = dist.get_world_size()
+    gathered = _wait(
+        funcol.all_gather_into_tensor(probe(x, "gathers"), world, _group_name())
+    )
+    return gathered.view(world, *x.shape).sum(0)
 
 
 def tuning_config(defer: bool, **patches):
@@ -784,6 +799,49 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         check = torch.ones(1)
         dist.all_reduce(check)
         self.assertEqual(check.item(), float(self.world_size))
+
+    def test_candidate_calling_a_collective_known_to_crash_is_not_run(self):
+        if self.world_size != 2:
+            raise unittest.SkipTest("every rank decides alike; 2 ranks show it")
+        # Imported here: the prefixes of the series before 0023 have no such list.
+        from torch._inductor.runtime.collective_benchmarking import known_crashes
+        from torch._inductor.runtime.collective_benchmarking.channels import (
+            served_backends,
+        )
+
+        device = self._init_rank()
+        # The functional all_gather crashes gloo with CUDA tensors only: a
+        # stand-in entry lists this job's backend and device, so that the rule
+        # acts where the crash cannot happen.
+        backend = served_backends(dist.group.WORLD)[device.type]
+        stand_in = dataclasses.replace(
+            known_crashes.KNOWN_CRASHES[0], backend=backend, device_type=device.type
+        )
+        with mock.patch.object(known_crashes, "KNOWN_CRASHES", (stand_in,)):
+            ran_while_compiling, ran_here, result, warnings = (
+                self._autotune_beside_good(
+                    "gathers",
+                    all_reduce_through_all_gather,
+                    device,
+                    "torch._inductor.runtime.collective_benchmarking.session",
+                )
+            )
+        # The fastest, yet out on every rank before it was compiled or run;
+        # the warning names the collective and the upstream issue.
+        self.assertEqual(ran_while_compiling["gathers"], 0)
+        self.assertTrue(
+            any(
+                "all_reduce_through_all_gather" in line
+                and "_c10d_functional::all_gather_into_tensor crashes" in line
+                and "pytorch/pytorch#152645" in line
+                for line in warnings
+            ),
+            warnings,
+        )
+        self._assert_agreed_winner(ran_here, "good")
+        inputs = [self._input(r, device) for r in range(self.world_size)]
+        expected = _expected("all_reduce", inputs, self.rank) + 1
+        torch.testing.assert_close(result, expected, rtol=0, atol=0)
 
     def test_candidate_keeping_two_collectives_in_flight_is_not_chosen_on_gloo(self):
         if self.backend_str() != "gloo":

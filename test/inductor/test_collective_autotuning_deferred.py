@@ -38,13 +38,17 @@ this file checks the scheduler-level behaviour (torch/_inductor/collective_autot
   tail can fuse with (so V2 times them alone, under V1's key), and the
   reverse: the second compile benchmarks nothing (every rank remembers the
   decision), runs no candidate while compiling, and runs the same winner.
+* A group's benchmark inputs and outputs are freed when its session ends
+  (one rank): none is alive while the winners are inlined.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import time
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -56,9 +60,13 @@ from torch._inductor.kernel.custom_op import (
 from torch._inductor.runtime.benchmarking import benchmarker
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
-from torch.testing._internal.common_utils import run_tests
+from torch.testing._internal.common_utils import run_tests, TestCase
 
-from rank_processes import forget_remembered_decisions, RankProcessesTestCase
+from rank_processes import (
+    forget_remembered_decisions,
+    one_rank_file_store,
+    RankProcessesTestCase,
+)
 from test_collective_autotuning import (
     DELAY_MS,
     HANG_BOUND_S,
@@ -430,6 +438,59 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
         ):
             torch.compile(two_ops if self.rank == 0 else one_op)(torch.ones(24, 8))
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
+
+
+class BenchmarkBuffersTest(TestCase):
+    """V2 frees a group's benchmark buffers when its session ends, on one gloo rank."""
+
+    def setUp(self):
+        super().setUp()
+        dist.init_process_group(
+            "gloo", store=one_rank_file_store(self), rank=0, world_size=1
+        )
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        super().tearDown()
+
+    def test_no_benchmark_buffer_outlives_its_session(self):
+        from torch._inductor.collective_autotuning import deferral
+
+        rows, cols = 37, 53  # a shape no other tensor of the test has
+
+        def alive() -> int:
+            gc.collect()
+            # type(), not isinstance(): a deprecated module attribute among the
+            # objects warns when asked for its __class__.
+            return sum(
+                issubclass(type(o), torch.Tensor)
+                and not issubclass(type(o), torch._subclasses.FakeTensor)
+                and tuple(o.shape) == (rows, cols)
+                for o in gc.get_objects()
+            )
+
+        inlined = deferral.inline_winners
+        alive_while_inlining = []
+
+        def inline_winners(*args, **kwargs):
+            alive_while_inlining.append(alive())
+            return inlined(*args, **kwargs)
+
+        forget_decisions()
+        register_direct_and_rs_ag()
+        x = torch.ones(rows, cols)
+        exchanges = counters["collective_autotuning"]["exchanges"]
+        with (
+            mock.patch.object(deferral, "inline_winners", inline_winners),
+            tuning_config(True, fx_graph_cache=False),
+        ):
+            result = torch.compile(lambda x: all_reduce_op(x) + 1)(x)
+        # One session benchmarked the op (its exchange ran).
+        self.assertEqual(counters["collective_autotuning"]["exchanges"], exchanges + 1)
+        # Only the program's input is left: no candidate's input, output or
+        # reference copy of the session.
+        self.assertEqual(alive_while_inlining, [1])
+        torch.testing.assert_close(result, x + 1, rtol=0, atol=0)
 
 
 if __name__ == "__main__":

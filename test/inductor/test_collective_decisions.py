@@ -13,7 +13,10 @@ Inductor's choices in ``test_collective_choices.py``):
   any is waited for (their kernel builds overlap), and a candidate whose
   build fails is disqualified.  A batch of ops (the scheduler path) has one
   join and screens each op's candidates against that op's own default.  A
-  candidate disqualified before it runs (unsafe on gloo) is not compiled.
+  candidate disqualified before it runs (unsafe on gloo, or calling a
+  collective known to crash the group's backend) is not compiled, nor run.
+* The list of collectives known to crash names the functional all_gather on
+  gloo with CUDA tensors, and nothing else.
 * The control plane's threads are joined when the process group is
   destroyed, and a store whose host goes away during a session is a
   ``CollectiveBenchmarkError`` naming it.
@@ -21,6 +24,7 @@ Inductor's choices in ``test_collective_choices.py``):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import threading
@@ -519,6 +523,126 @@ class TestCompiledOnlyIfItCanRun(OneRankGroupTestCase):
                 "one_in_flight": Status.OK,
             },
         )
+
+
+class TestKnownCrashOnOneRank(OneRankGroupTestCase):
+    """A candidate calling a collective known to crash the group's backend never runs."""
+
+    def test_a_candidate_calling_a_collective_known_to_crash_is_neither_prepared_nor_run(
+        self,
+    ):
+        # Imported here: the prefixes of the series before 0023 have no such list.
+        from torch._inductor.runtime.collective_benchmarking import known_crashes
+
+        # The crash needs CUDA tensors on gloo: a stand-in entry lists this
+        # group's backend and device, so that the rule acts on the CPU.
+        stand_in = dataclasses.replace(
+            known_crashes.KNOWN_CRASHES[0], device_type="cpu"
+        )
+        prepared, issued = [], []  # what was compiled, and what reached the backend
+        out = torch.ones(2)
+
+        def candidate(name, collectives, is_default=False):
+            return ct.Candidate(
+                name,
+                lambda: (issued.append(name), out)[1],
+                is_default=is_default,
+                prepare=lambda: prepared.append(name),
+                collectives=frozenset(collectives),
+            )
+
+        candidates = [
+            candidate("default", [], is_default=True),
+            candidate(
+                "gathers",
+                [
+                    "_c10d_functional::all_gather_into_tensor",
+                    "_c10d_functional::wait_tensor",
+                ],
+            ),
+            candidate("reduces", ["_c10d_functional::all_reduce"]),
+        ]
+        payloads: list = []
+        with (
+            mock.patch.object(known_crashes, "KNOWN_CRASHES", (stand_in,)),
+            decision_artifacts(payloads),
+            self.assertLogs(
+                "torch._inductor.runtime.collective_benchmarking.session", "WARNING"
+            ) as logs,
+        ):
+            decision = cb.CollectiveBenchmarker(None, self.config).run(
+                candidates, key="op"
+            )
+        self.assertEqual(prepared, ["default", "reduces"])
+        self.assertNotIn("gathers", issued)
+        # The others are still warmed up and timed.
+        self.assertEqual(
+            issued.count("reduces"), self.config.nwarmup + self.config.nruns
+        )
+        results = {result.name: result for result in decision.results}
+        self.assertEqual(results["gathers"].status, Status.UNSAFE)
+        self.assertEqual(len(results["reduces"].reports[0].samples), self.config.nruns)
+        (payload,) = payloads
+        why = {c["name"]: c["why"] for c in payload["candidates"]}
+        for text in (why["gathers"], *logs.output):
+            self.assertIn("_c10d_functional::all_gather_into_tensor crashes gloo", text)
+            self.assertIn("pytorch/pytorch#152645", text)
+
+
+class TestKnownCrashes(TestCase):
+    """The list of collectives known to crash: what it names, and what not."""
+
+    def test_the_functional_all_gather_crashes_gloo_with_cuda_tensors_only(self):
+        from torch._inductor.runtime.collective_benchmarking.known_crashes import (
+            known_crash,
+        )
+
+        gathers = {
+            "_c10d_functional::all_gather_into_tensor",
+            "_c10d_functional::wait_tensor",
+        }
+        op, entry = known_crash("gloo", "cuda", gathers)
+        self.assertEqual(op, "_c10d_functional::all_gather_into_tensor")
+        self.assertEqual(entry.issue, "pytorch/pytorch#152645")
+        self.assertIsNotNone(
+            known_crash(
+                "gloo", "cuda", ["_c10d_functional::all_gather_into_tensor_coalesced"]
+            )
+        )
+        for backend, device in (("gloo", "cpu"), ("nccl", "cuda"), (None, "cuda")):
+            self.assertIsNone(known_crash(backend, device, gathers), (backend, device))
+        self.assertIsNone(
+            known_crash(
+                "gloo",
+                "cuda",
+                ["_c10d_functional::all_reduce", "_c10d_functional::all_to_all_single"],
+            )
+        )
+
+
+class TestTimerNamed(OneRankGroupTestCase):
+    """Every benchmarked decision names what timed it, in the trace and in TORCH_LOGS."""
+
+    def test_the_artifact_and_the_log_name_the_timer_and_the_runs(self):
+        out = torch.ones(2)
+        candidates = [
+            ct.Candidate("default", lambda: out, is_default=True),
+            ct.Candidate("other", lambda: out),
+        ]
+        payloads: list = []
+        with (
+            decision_artifacts(payloads),
+            self.assertLogs(cb.decision_log, "DEBUG") as logs,
+        ):
+            decision = cb.CollectiveBenchmarker(None, self.config).run(
+                candidates, key="op"
+            )
+        timer = "host clock, 3 runs per candidate"
+        self.assertEqual(decision.timer, timer)
+        self.assertEqual(payloads[0]["timer"], timer)
+        self.assertIn(f"({timer})", logs.output[0])
+        # Remembered decisions keep it.
+        self.assertEqual(cd.decision_from_json(cd.decision_to_json(decision)), decision)
 
 
 class TestMisuse(TestCase):

@@ -21,6 +21,10 @@ What this checks, at 2, 3 and 4 gloo ranks:
   results are exact; and the chunked implementations' graphs keep
   one collective in flight on a gloo group.
 
+On one gloo rank, every implementation traced on (fake) CUDA tensors calls
+no collective known to crash gloo with them (the functional all_gather,
+pytorch/pytorch#152645), while on CPU tensors five of them use it.
+
 And, without ranks: registering an unknown collective or implementation is
 a clear error.
 """
@@ -40,10 +44,11 @@ from torch._inductor.kernel.collective_implementations import (
 from torch._inductor.collective_autotuning.choices import collectives_in_flight
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch._inductor.utils import run_and_get_code
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from rank_processes import RankProcessesTestCase
+from rank_processes import one_rank_file_store, RankProcessesTestCase
 from test_collective_autotuning import (
     DELAY_MS,
     SLOW_MS,
@@ -214,6 +219,73 @@ class CompiledImplementationsTest(RankProcessesTestCase):
                 )(x)
                 in_flight[kind] = collectives_in_flight(types.SimpleNamespace(gm=gm))
         self.assertEqual(in_flight, {"all_reduce": 1, "all_gather": 1, "all_to_all": 1})
+
+
+class KnownCrashesTest(TestCase):
+    """On a group whose CUDA backend is gloo, no implementation calls a collective known to crash it."""
+
+    def setUp(self):
+        super().setUp()
+        dist.init_process_group(
+            "gloo", store=one_rank_file_store(self), rank=0, world_size=1
+        )
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        super().tearDown()
+
+    def _collectives(self, device: str) -> dict[str, frozenset[str]]:
+        # Every implementation's graph, traced as autotuning traces it, on
+        # (fake) tensors of the device: no GPU is needed.
+        from torch._inductor.collective_autotuning.choices import collective_ops
+
+        group_name = dist.group.WORLD.group_name
+        with FakeTensorMode():
+            x = torch.zeros(6, 5, device=device)
+        return {
+            f"{kind}/{name}": collective_ops(
+                types.SimpleNamespace(
+                    gm=make_fx(
+                        functools.partial(fn, group_name=group_name, **params),
+                        tracing_mode="fake",
+                    )(x)
+                )
+            )
+            for kind, implementations in IMPLEMENTATIONS.items()
+            for name, (fn, params) in implementations.items()
+        }
+
+    def test_no_implementation_calls_a_collective_known_to_crash_gloo(self):
+        from torch._inductor.runtime.collective_benchmarking.channels import (
+            served_backends,
+        )
+        from torch._inductor.runtime.collective_benchmarking.known_crashes import (
+            known_crash,
+        )
+
+        self.assertEqual(served_backends(dist.group.WORLD)["cuda"], "gloo")
+        on_cuda = self._collectives("cuda")
+        crashing = {
+            name: known_crash("gloo", "cuda", ops)
+            for name, ops in on_cuda.items()
+            if known_crash("gloo", "cuda", ops) is not None
+        }
+        self.assertEqual(crashing, {})
+        # The same implementations gather with the functional all_gather on
+        # CPU tensors, where gloo runs it: the rule, not the library, decides.
+        gather = "_c10d_functional::all_gather_into_tensor"
+        on_cpu = self._collectives("cpu")
+        self.assertEqual(
+            sorted(name for name, ops in on_cpu.items() if gather in ops),
+            [
+                "all_gather/chunked",
+                "all_gather/direct",
+                "all_reduce/all_gather_sum",
+                "all_reduce/reduce_scatter_all_gather",
+                "all_to_all/all_gather",
+            ],
+        )
+        self.assertEqual(set(on_cuda), set(on_cpu))
 
 
 class RegistrationErrorsTest(TestCase):

@@ -68,6 +68,7 @@ __all__ = [
     "choices_identity",
     "collective_candidates",
     "collective_group_name",
+    "collective_ops",
     "collective_signature",
     "collectives_in_flight",
     "compile_in_background",
@@ -163,6 +164,19 @@ def collective_signature(choice: Any) -> str:
     return digest("\n".join(calls)) if calls else ""
 
 
+def collective_ops(choice: Any) -> frozenset[str]:
+    """The collective ops ``choice``'s graph calls, as ``namespace::name``.
+
+    Empty for a choice without a graph (the op's eager implementation).
+    The same on every rank for the same graph: the join compares the
+    collectives through :func:`collective_signature`.
+    """
+    return frozenset(
+        cast("torch._ops.OpOverload", node.target)._schema.name
+        for node in _collective_nodes(choice)
+    )
+
+
 def collectives_in_flight(choice: Any) -> int:
     """The most functional collectives ``choice``'s graph keeps in flight at once on one group.
 
@@ -252,6 +266,7 @@ def collective_candidates(
                 prepare=candidate_prepare(choice),
                 signature=collective_signature(choice),
                 in_flight=collectives_in_flight(choice),
+                collectives=collective_ops(choice),
             )
         )
     return candidates, f"{shapes}"

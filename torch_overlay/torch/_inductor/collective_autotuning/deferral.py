@@ -123,6 +123,7 @@ from torch._inductor.collective_autotuning.choices import (
     choices_identity,
     collective_candidates,
     collective_group_name,
+    collective_ops,
     collective_signature,
     collectives_in_flight,
 )
@@ -366,18 +367,25 @@ def finalize_collective_multi_template_buffers(
         # list of them.
         names = dict.fromkeys(tunable.node.get_name() for tunable in group_tunables)
         position = {name: i for i, name in enumerate(names)}
+        runners = [_Runners(members[0]) for members in sharing.values()]
         ops = [
             _op_to_tune(
-                members[0],
+                runner,
                 key,
                 [position[member.node.get_name()] for member in members],
             )
-            for key, members in sharing.items()
+            for runner, (key, members) in zip(runners, sharing.items(), strict=True)
         ]
         device = group_tunables[0].node.get_device()
         assert device is not None  # a collective node's output has a device
         benchmarker = CollectiveBenchmarker(group_name, settings, device)
-        agreed = benchmarker.run_batch(ops)
+        try:
+            agreed = benchmarker.run_batch(ops)
+        finally:
+            # The session is over: its inputs and outputs are not kept through
+            # the next group's session and the rest of the compile.
+            for runner in runners:
+                runner.release()
         counters["collective_autotuning"]["shared"] += len(group_tunables) - len(
             sharing
         )
@@ -427,9 +435,9 @@ def _benchmark_shapes(tunable: _Tunable) -> list[tuple[int, ...]]:
     ]
 
 
-def _op_to_tune(tunable: _Tunable, tuning_key: str, positions: list[int]) -> OpToTune:
+def _op_to_tune(runners: _Runners, tuning_key: str, positions: list[int]) -> OpToTune:
+    tunable = runners.tunable
     node, follows = tunable.node, tunable.follows
-    runners = _Runners(tunable)
     candidates = [
         Candidate(
             name,
@@ -438,6 +446,7 @@ def _op_to_tune(tunable: _Tunable, tuning_key: str, positions: list[int]) -> OpT
             functools.partial(runners.prepare, index),
             signature=collective_signature(choice),
             in_flight=collectives_in_flight(choice),
+            collectives=collective_ops(choice),
         )
         for index, (choice, (name, is_default)) in enumerate(
             zip(tunable.choices, candidate_names(tunable.choices), strict=True)
@@ -494,6 +503,10 @@ class _Runners:
                 node, tunable.choices, candidates, args, tunable.epilogue
             )
         return candidates
+
+    def release(self) -> None:
+        """Drop the benchmark inputs and outputs, once the session is over."""
+        self.__dict__.pop("candidates", None)
 
     def prepare(self, index: int) -> Any:
         prepare = self.candidates[index].prepare

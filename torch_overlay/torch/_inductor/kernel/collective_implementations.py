@@ -52,6 +52,8 @@ from typing import Any, cast, TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch._inductor.runtime.collective_benchmarking.channels import served_backends
+from torch._inductor.runtime.collective_benchmarking.known_crashes import known_crash
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -65,6 +67,7 @@ __all__ = [
 ]
 
 _funcol = torch.ops._c10d_functional
+_ALL_GATHER = "_c10d_functional::all_gather_into_tensor"
 
 
 def _wait(tensor: torch.Tensor) -> torch.Tensor:
@@ -95,10 +98,28 @@ def _all_to_all(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return _wait(_funcol.all_to_all_single(x, splits, splits, group_name))
 
 
-def _backend(group_name: str) -> str:
+def _backend(group_name: str, device: torch.device) -> str | None:
+    # The backend that serves device's tensors on the group, which a
+    # "cpu:gloo,cuda:nccl" group's backend name does not say.
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    return _resolve_process_group(cast("GroupName", group_name))._get_backend_name()
+    group = _resolve_process_group(cast("GroupName", group_name))
+    return served_backends(group).get(device.type)
+
+
+def _all_gather(x: torch.Tensor, world: int, group_name: str) -> torch.Tensor:
+    # The functional all_gather, not yet waited for; where the group's backend
+    # is known to crash on it for x's device (gloo with CUDA tensors), an
+    # all_to_all that sends every peer a full copy of x, which moves the
+    # same values into the same places.
+    if known_crash(_backend(group_name, x.device), x.device.type, [_ALL_GATHER]):
+        return _funcol.all_to_all_single(
+            torch.cat([x] * world),
+            [x.shape[0]] * world,
+            [x.shape[0]] * world,
+            group_name,
+        )
+    return _funcol.all_gather_into_tensor(x, world, group_name)
 
 
 def _pipelined(
@@ -110,7 +131,7 @@ def _pipelined(
     # Issue one collective per piece, waiting for the oldest whenever
     # in_flight of them are outstanding; results in order.  One at a time on
     # gloo (see the module docstring).
-    if _backend(group_name) == "gloo":
+    if pieces and _backend(group_name, pieces[0].device) == "gloo":
         in_flight = 1
     pending: list[torch.Tensor] = []
     done: list[torch.Tensor] = []
@@ -134,16 +155,14 @@ def all_reduce_reduce_scatter_all_gather(
     world = _size(group_name)
     flat = _padded_flat(x, world)
     shard = _wait(_funcol.reduce_scatter_tensor(flat, "sum", world, group_name))
-    full = _wait(_funcol.all_gather_into_tensor(shard, world, group_name))
+    full = _wait(_all_gather(shard, world, group_name))
     return full[: x.numel()].view_as(x)
 
 
 def all_reduce_all_gather_sum(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """Every rank gathers every input and sums locally: one collective, for latency-bound sizes."""
     world = _size(group_name)
-    gathered = _wait(
-        _funcol.all_gather_into_tensor(x.reshape(1, -1), world, group_name)
-    )
+    gathered = _wait(_all_gather(x.reshape(1, -1), world, group_name))
     return gathered.sum(0).view_as(x)
 
 
@@ -164,7 +183,7 @@ def all_reduce_chunked(
 # --- all_gather ---------------------------------------------------------------------
 def all_gather_direct(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """The backend's all_gather."""
-    return _wait(_funcol.all_gather_into_tensor(x, _size(group_name), group_name))
+    return _wait(_all_gather(x, _size(group_name), group_name))
 
 
 def all_gather_all_to_all(x: torch.Tensor, group_name: str) -> torch.Tensor:
@@ -191,7 +210,7 @@ def all_gather_chunked(
     pieces = x.tensor_split(chunks)
     gathered = _pipelined(
         pieces,
-        lambda piece: _funcol.all_gather_into_tensor(piece, world, group_name),
+        lambda piece: _all_gather(piece, world, group_name),
         in_flight,
         group_name,
     )
@@ -254,7 +273,7 @@ def all_to_all_chunked(
 def all_to_all_all_gather(x: torch.Tensor, group_name: str) -> torch.Tensor:
     """Every rank gathers every input and keeps its own slices: one collective, ``world`` times the data."""
     world, rank = _size(group_name), _rank(group_name)
-    gathered = _wait(_funcol.all_gather_into_tensor(x, world, group_name))
+    gathered = _wait(_all_gather(x, world, group_name))
     return gathered.view(world, world, x.shape[0] // world, *x.shape[1:])[
         :, rank
     ].reshape(x.shape)

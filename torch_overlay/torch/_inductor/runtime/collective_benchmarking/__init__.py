@@ -13,6 +13,8 @@ Its modules, from the bottom up; each imports only modules listed before it:
 * ``store.py``: the control plane's counted connection to the job's store, its
   keys, and the errors every layer raises;
 * ``groups.py``: the process group an op names, and its topology;
+* ``known_crashes.py``: the collectives known to crash their process on some
+  backend and device, which no candidate may call there;
 * ``timing.py``: device-agnostic timing;
 * ``liveness.py``: every process's heartbeat in the store, and its watch over the
   member a rendezvous waits for;

@@ -139,7 +139,7 @@ from .liveness import ensure_heartbeat
 from .reporting import describe, DecisionSource, explain, publish
 from .session import SessionRun
 from .store import CollectiveBenchmarkError, CollectiveBenchmarkTimeout, STORE_PREFIX
-from .timing import timed
+from .timing import timed, timer_name
 from .types import Candidate, CollectiveBenchmarkConfig, OpToTune
 
 
@@ -442,6 +442,7 @@ class CollectiveBenchmarker:
             verdict.reason,
             verdict.rule,
             verdict.noise_floor,
+            f"{timer_name(self.device)}, {self.config.nruns} runs per candidate",
         )
 
     def _tuned_nothing(

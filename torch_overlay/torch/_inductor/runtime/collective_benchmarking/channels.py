@@ -106,6 +106,7 @@ from .store import (
     main_store_client,
     STORE_PREFIX,
 )
+from .timing import wait_device
 
 
 if TYPE_CHECKING:
@@ -495,7 +496,7 @@ class BenchmarkChannel:
         counters["collective_autotuning"]["sync_collectives"] += 1
         tensor = self._tensor(values)
         gathered = [torch.empty_like(tensor) for _ in range(self.group.size())]
-        self._wait(self.get().allgather([gathered], [tensor]))
+        self._wait(self.get().allgather([gathered], [tensor]), tensor)
         _count_bytes(tensor.nbytes * (1 + len(gathered)))
         return [row.tolist() for row in gathered]
 
@@ -505,7 +506,7 @@ class BenchmarkChannel:
         tensor = self._tensor([value])
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.MAX
-        self._wait(self.get().allreduce([tensor], options))
+        self._wait(self.get().allreduce([tensor], options), tensor)
         _count_bytes(2 * tensor.nbytes)
         return float(tensor.item())
 
@@ -515,13 +516,16 @@ class BenchmarkChannel:
         device = torch.device("cpu") if "cpu" in self.served else self.device
         return torch.tensor(values, dtype=torch.float64, device=device)
 
-    def _wait(self, work: dist.Work) -> None:
+    def _wait(self, work: dist.Work, result: torch.Tensor) -> None:
         started = time.monotonic()
         if work.wait(self.timeout) is False:
             raise CollectiveBenchmarkTimeout(
                 "a benchmark collective did not complete within "
                 f"{time.monotonic() - started:.1f}s"
             )
+        # A device backend's wait() only orders the current stream after the
+        # collective; reading the result would block the host without bound.
+        wait_device(result.device, started + self.timeout.total_seconds())
 
 
 def _count_bytes(nbytes: int) -> None:

@@ -212,16 +212,14 @@ def adopt(remembered: CollectiveDecision, op: OpToTune) -> CollectiveDecision:
         result.name: name
         for result, name in zip(remembered.results, names, strict=True)
     }
-    return CollectiveDecision(
-        remembered.group_name,
-        tuple(
+    return dataclasses.replace(
+        remembered,
+        results=tuple(
             dataclasses.replace(result, name=renamed[result.name])
             for result in remembered.results
         ),
-        None if remembered.winner is None else renamed[remembered.winner],
-        f"{remembered.reason}; remembered from an earlier session, adopted by every rank",
-        remembered.rule,
-        remembered.noise_floor,
+        winner=None if remembered.winner is None else renamed[remembered.winner],
+        reason=f"{remembered.reason}; remembered from an earlier session, adopted by every rank",
     )
 
 

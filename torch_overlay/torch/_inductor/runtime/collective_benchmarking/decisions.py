@@ -160,7 +160,8 @@ class CollectiveDecision:
     ``rule`` is the rule of :func:`decide` (or :func:`apply_speedup_threshold`)
     that chose ``winner``, and ``reason`` says it in words;
     ``noise_floor`` is the session's (:func:`noise_floor`), 0 when the
-    default had no twin.
+    default had no twin; ``timer`` says what timed the runs and how many
+    ("host clock, 50 runs per candidate"; empty when nothing was timed).
     """
 
     group_name: str
@@ -169,6 +170,7 @@ class CollectiveDecision:
     reason: str
     rule: DecisionRule
     noise_floor: float = 0.0
+    timer: str = ""
 
     def time_ms(self, name: str) -> float:
         return next(result.time_ms for result in self.results if result.name == name)
@@ -183,6 +185,7 @@ def decision_to_json(decision: CollectiveDecision) -> str:
             "reason": decision.reason,
             "rule": decision.rule.name,
             "noise_floor": decision.noise_floor,
+            "timer": decision.timer,
             "results": [
                 {
                     "name": result.name,
@@ -220,6 +223,7 @@ def decision_from_json(text: str) -> CollectiveDecision:
         raw["reason"],
         DecisionRule[raw["rule"]],
         raw["noise_floor"],
+        raw.get("timer", ""),
     )
 
 

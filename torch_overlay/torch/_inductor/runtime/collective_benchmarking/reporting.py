@@ -172,6 +172,7 @@ def publish(
                 "source": source.value,
                 "reason": decision.reason,
                 "noise_floor": decision.noise_floor,
+                "timer": decision.timer or None,
                 "candidates": [
                     {
                         "name": result.name,
@@ -210,9 +211,10 @@ def describe(
     ``header`` says which op, group and rank it is about; ``notes`` are
     :func:`explain`'s.
     """
+    timer = f" ({decision.timer})" if decision.timer else ""
     lines = [
         f"{header}: winner {decision.winner} ({decision.reason}); "
-        f"rule: {decision.rule.value}; {source.value}",
+        f"rule: {decision.rule.value}; {source.value}{timer}",
         f"  {'candidate':<40} {'agreed time':<40} {'why':<56} attempts and per rank",
     ]
     for result, note in zip(decision.results, notes, strict=True):

@@ -71,6 +71,7 @@ from .decisions import (
     outputs_match,
     RankReport,
 )
+from .known_crashes import known_crash
 from .store import CollectiveBenchmarkError
 from .timing import CallFailed, time_calls, timed, wait_device
 
@@ -366,36 +367,52 @@ class SessionRun:
         plans: Sequence[tuple[str, Sequence[Candidate]]],
         excluded: dict[tuple[int, int], CandidateResult],
     ) -> dict[tuple[int, int], CandidateResult]:
-        # On gloo, a candidate that keeps several collectives in flight on
-        # the group is disqualified before it runs (see "Memory safety on
-        # gloo" in benchmarker.py).  Every member decides alike:
-        # in_flight is read from the candidate's graph and is part of its
-        # signature, and the setting is part of the join's digest.
-        if self.channel.backend != "gloo" or self.config.allow_gloo_overlap:
-            return {}
+        # Candidates that could crash this process, disqualified before they
+        # run.  Every member decides alike: what a candidate calls is read
+        # from its graph (the join compared its signature), the backend is
+        # the group's, and allow_gloo_overlap is in the join's digest.
         unsafe = {}
         for op, (_, candidates) in enumerate(plans):
             for index, candidate in enumerate(candidates):
-                if candidate.in_flight <= 1 or (op, index) in excluded:
+                reason = None if (op, index) in excluded else self._hazard(candidate)
+                if reason is None:
                     continue
                 unsafe[(op, index)] = CandidateResult(
                     candidate.name,
                     (RankReport(CandidateStatus.UNSAFE),) * self.control.size,
-                    stage=f"screening: {candidate.in_flight} collectives in flight on gloo",
+                    stage=f"screening: {reason}",
                 )
                 log.warning(
-                    "collective autotuning: %s keeps %d collectives in flight on "
-                    "gloo group %r; disqualified on every rank. Two gloo works that "
-                    "finish together can corrupt the heap (ProcessGroupGloo::runLoop "
-                    "stores the finished work's name into a status string shared by "
-                    "its worker threads without a lock). Set "
-                    "torch._inductor.config.collective_benchmark_allow_gloo_overlap "
-                    "to let it compete.",
+                    "collective autotuning: %s is disqualified on every rank of "
+                    "group %r: %s",
                     candidate.name,
-                    candidate.in_flight,
                     self.control.group_name,
+                    reason,
                 )
         return unsafe
+
+    def _hazard(self, candidate: Candidate) -> str | None:
+        crash = known_crash(
+            self.channel.backend, self.device.type, candidate.collectives
+        )
+        if crash is not None:
+            op, entry = crash
+            return entry.reason(op)
+        # See "Memory safety on gloo" in benchmarker.py.
+        if (
+            self.channel.backend == "gloo"
+            and not self.config.allow_gloo_overlap
+            and candidate.in_flight > 1
+        ):
+            return (
+                f"{candidate.in_flight} collectives in flight on gloo (two gloo "
+                "works that finish together can corrupt the heap: "
+                "ProcessGroupGloo::runLoop stores the finished work's name into a "
+                "status string shared by its worker threads without a lock); set "
+                "torch._inductor.config.collective_benchmark_allow_gloo_overlap "
+                "to let it compete"
+            )
+        return None
 
     def run(self) -> list[list[CandidateResult]]:
         """Every candidate's agreed result, per op; the same on every member.

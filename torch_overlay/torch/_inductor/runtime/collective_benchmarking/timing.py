@@ -36,7 +36,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
 
 
-__all__ = ["CallFailed", "device_of", "time_calls", "time_runs", "timed", "wait_device"]
+__all__ = [
+    "CallFailed",
+    "device_of",
+    "time_calls",
+    "time_runs",
+    "timed",
+    "timer_name",
+    "wait_device",
+]
 
 
 def device_of(tensors: Any) -> torch.device:
@@ -51,6 +59,17 @@ def device_of(tensors: Any) -> torch.device:
     return torch.device("cpu")
 
 
+def timer_name(device: torch.device) -> str:
+    """What :func:`time_calls` times with on ``device``: ``"host clock"`` or ``"cuda events"``."""
+    return "host clock" if device.type == "cpu" else f"{device.type} events"
+
+
+def _stream(device: torch.device) -> Any:
+    # The current stream of the tensors' device, which need not be the
+    # current device (a rank bound to cuda:1 may run with cuda:0 current).
+    return torch.get_device_module(device).current_stream(device)
+
+
 def wait_device(device: torch.device, deadline: float) -> None:
     """Wait for the work enqueued on ``device`` until ``deadline`` (``time.monotonic()``).
 
@@ -59,7 +78,7 @@ def wait_device(device: torch.device, deadline: float) -> None:
     if device.type == "cpu":
         return
     event = torch.get_device_module(device).Event()
-    event.record()
+    event.record(_stream(device))
     while not event.query():
         if time.monotonic() > deadline:
             raise CollectiveBenchmarkTimeout(
@@ -115,13 +134,14 @@ def time_calls(
         (module.Event(enable_timing=True), module.Event(enable_timing=True))
         for _ in calls
     ]
+    stream = _stream(device)
     for index, (fn, (start, end)) in enumerate(zip(calls, events, strict=True)):
-        start.record()
+        start.record(stream)
         try:
             fn()
         except Exception as error:
             raise CallFailed(index, error) from error
-        end.record()
+        end.record(stream)
     try:
         wait_device(device, time.monotonic() + timeout_s)
     except CollectiveBenchmarkTimeout as error:

@@ -124,7 +124,9 @@ class Candidate:
     a candidate whose signature is not the same on every member is
     disqualified at the join, without running.  ``in_flight`` is the most
     collectives ``fn`` keeps in flight at once on one group (part of the
-    signature; see "Memory safety on gloo" in ``benchmarker.py``).
+    signature; see "Memory safety on gloo" in ``benchmarker.py``), and
+    ``collectives`` the collective ops its graph calls (``namespace::name``;
+    see ``known_crashes.py``).
     """
 
     name: str
@@ -133,6 +135,7 @@ class Candidate:
     prepare: Callable[[], Any] | None = None
     signature: str = ""
     in_flight: int = 0
+    collectives: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,98 @@
+"""Every benchmark and soak script runs end to end at its smallest size.
+
+``test_scripts_start.py`` only checks that each script parses its arguments.
+The benchmarks and the soak also call the demo's and the tests' helpers in
+their rank processes, where a changed helper fails only when the script
+runs (``make_input`` gained a device argument, and two scripts died at their
+first input).  Each runs here once, at 2 ranks (4 simulated ones for the
+control plane) and the fewest compiles, runs and sizes it takes, and must
+exit 0 and print its table.  The figures they print are not checked:
+``docs/measurements.md`` quotes full runs.
+
+``bench_collective_decisions.py`` compares the stack with stock torch in a
+second environment; here both sides run the patched torch, which exercises
+the same code of the script without installing stock torch again.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+# script -> (its arguments at its smallest size, a line of the table it prints)
+SMALLEST = {
+    "bench_collective_autotuning.py": (
+        ["--nproc", "2", "--ops", "1", "--runs", "3", "--tables", "block"],
+        "| 2 | V2 |",
+    ),
+    "bench_collective_caches.py": (
+        ["--nproc", "2", "--numel", "256"],
+        "| warm | with collective choices |",
+    ),
+    "bench_collective_control.py": (
+        ["--ranks", "4", "--sessions", "1", "--processes", "1", "--timeout", "5"],
+        "| 4 |",
+    ),
+    "bench_collective_decisions.py": (
+        ["--nproc", "2", "--scenarios", "exception", "--timeout", "5",
+         "--stock-python", sys.executable],
+        "exception",
+    ),
+    "bench_collective_epilogues.py": (
+        ["--nproc", "2", "--shapes", "48x256", "--programs", "all_reduce_norm",
+         "--compiles", "1", "--oracle-runs", "6"],
+        "| 2 | all_reduce_norm | 48x256 |",
+    ),
+    "bench_collective_launchers.py": (
+        ["--launches", "1", "--nproc", "2", "--launchers", "torchrun"],
+        "| torchrun | 2 | 1 | 0 |",
+    ),
+    "bench_collective_programs.py": (
+        ["--nproc", "2", "--repeats", "1", "--programs", "static"],
+        "| static |",
+    ),
+    "bench_collective_regret.py": (
+        ["--nproc", "2", "--ops", "all_reduce", "--sizes", "240", "--compiles", "1",
+         "--oracle-runs", "6"],
+        "| 2 | all_reduce | 0.9375 |",
+    ),
+    "bench_collective_shared_caches.py": (
+        ["--sizes", "2", "--repeats", "1", "--busy", "0"],
+        "| second | 2 |",
+    ),
+    "soak_collective_autotuning.py": (
+        ["--nproc", "2", "--sessions", "2", "--kinds", "all_reduce,all_gather",
+         "--sizes", "240"],
+        "| 2 | 2/2 | 0 | 0 | 0 |",
+    ),
+}  # fmt: skip
+
+
+def test_every_benchmark_and_soak_script_has_a_smoke_run():
+    scripts = {
+        path.name
+        for pattern in ("bench_collective_*.py", "soak_*.py")
+        for path in SCRIPTS.glob(pattern)
+    }
+    assert scripts == set(SMALLEST)
+
+
+@pytest.mark.parametrize("script", sorted(SMALLEST))
+def test_script_runs_at_its_smallest_size(script: str) -> None:
+    arguments, table_line = SMALLEST[script]
+    result = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert table_line in result.stdout, result.stdout[-3000:]
