@@ -42,6 +42,7 @@ import unittest
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
+from torch.testing._internal.common_utils import TestCase
 from torch.testing._internal.common_distributed import (
     MultiProcContinuousTest,
     MultiProcessTestCase,
@@ -98,6 +99,19 @@ def one_rank_file_store(test: unittest.TestCase) -> dist.FileStore:
     directory = tempfile.TemporaryDirectory(prefix="collective-store-")
     test.addCleanup(directory.cleanup)
     return dist.FileStore(os.path.join(directory.name, "store"), 1)
+
+
+class OneRankGlooTestCase(TestCase):
+    """A one-rank gloo group in the test's own process, for each test."""
+
+    def setUp(self):
+        super().setUp()
+        store = one_rank_file_store(self)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+
+    def tearDown(self):
+        dist.destroy_process_group()
+        super().tearDown()
 
 
 def skip_without_gpus(backend: str, world_size: int) -> None:

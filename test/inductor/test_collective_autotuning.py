@@ -800,6 +800,20 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         dist.all_reduce(check)
         self.assertEqual(check.item(), float(self.world_size))
 
+    def _assert_out_before_running(self, name, words, ran_while_compiling, warnings):
+        """``name`` never ran on this rank, and a warning holds every one of ``words``."""
+        self.assertEqual(ran_while_compiling[name], 0)
+        self.assertTrue(
+            any(all(word in line for word in words) for line in warnings), warnings
+        )
+
+    def _assert_good_won(self, ran_here, result, device) -> None:
+        """Every rank ran "good", and this rank's all_reduce(x) + 1 is exact."""
+        self._assert_agreed_winner(ran_here, "good")
+        inputs = [self._input(r, device) for r in range(self.world_size)]
+        expected = _expected("all_reduce", inputs, self.rank) + 1
+        torch.testing.assert_close(result, expected, rtol=0, atol=0)
+
     def test_candidate_calling_a_collective_known_to_crash_is_not_run(self):
         if self.world_size != 2:
             raise unittest.SkipTest("every rank decides alike; 2 ranks show it")
@@ -828,20 +842,17 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
             )
         # The fastest, yet out on every rank before it was compiled or run;
         # the warning names the collective and the upstream issue.
-        self.assertEqual(ran_while_compiling["gathers"], 0)
-        self.assertTrue(
-            any(
-                "all_reduce_through_all_gather" in line
-                and "_c10d_functional::all_gather_into_tensor crashes" in line
-                and "pytorch/pytorch#152645" in line
-                for line in warnings
-            ),
+        self._assert_out_before_running(
+            "gathers",
+            [
+                "all_reduce_through_all_gather",
+                "_c10d_functional::all_gather_into_tensor crashes",
+                "pytorch/pytorch#152645",
+            ],
+            ran_while_compiling,
             warnings,
         )
-        self._assert_agreed_winner(ran_here, "good")
-        inputs = [self._input(r, device) for r in range(self.world_size)]
-        expected = _expected("all_reduce", inputs, self.rank) + 1
-        torch.testing.assert_close(result, expected, rtol=0, atol=0)
+        self._assert_good_won(ran_here, result, device)
 
     def test_candidate_keeping_two_collectives_in_flight_is_not_chosen_on_gloo(self):
         if self.backend_str() != "gloo":
@@ -856,20 +867,15 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         )
         # The fastest by far, yet read from its graph and disqualified on
         # every rank before it ran, in benchmarking as in the program.
-        self.assertEqual(ran_while_compiling["two_in_flight"], 0)
-        self.assertTrue(
-            any(
-                "two_in_flight" in line
-                and "2 collectives in flight" in line
-                and "ProcessGroupGloo::runLoop" in line
-                for line in warnings
-            ),
+        self._assert_out_before_running(
+            "two_in_flight",
+            ["two_in_flight", "2 collectives in flight", "ProcessGroupGloo::runLoop"],
+            ran_while_compiling,
             warnings,
         )
-        self._assert_agreed_winner(ran_here, "good")
+        self._assert_good_won(ran_here, result, device)
         inputs = [self._input(r, device) for r in range(self.world_size)]
         expected = _expected("all_reduce", inputs, self.rank) + 1
-        torch.testing.assert_close(result, expected, rtol=0, atol=0)
 
         if self.world_size != 2:
             return  # the knob's effect does not depend on the world size

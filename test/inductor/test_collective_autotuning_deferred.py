@@ -60,11 +60,11 @@ from torch._inductor.kernel.custom_op import (
 from torch._inductor.runtime.benchmarking import benchmarker
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
-from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.common_utils import run_tests
 
 from rank_processes import (
     forget_remembered_decisions,
-    one_rank_file_store,
+    OneRankGlooTestCase,
     RankProcessesTestCase,
 )
 from test_collective_autotuning import (
@@ -440,18 +440,8 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 
 
-class BenchmarkBuffersTest(TestCase):
+class BenchmarkBuffersTest(OneRankGlooTestCase):
     """V2 frees a group's benchmark buffers when its session ends, on one gloo rank."""
-
-    def setUp(self):
-        super().setUp()
-        dist.init_process_group(
-            "gloo", store=one_rank_file_store(self), rank=0, world_size=1
-        )
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        super().tearDown()
 
     def test_no_benchmark_buffer_outlives_its_session(self):
         from torch._inductor.collective_autotuning import deferral

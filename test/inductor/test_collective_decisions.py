@@ -28,6 +28,8 @@ import dataclasses
 import json
 import math
 import threading
+import time
+import types
 from datetime import timedelta
 from typing import TYPE_CHECKING
 from unittest import mock
@@ -42,7 +44,7 @@ from torch._inductor.runtime.collective_benchmarking import (
 )
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from rank_processes import one_rank_file_store
+from rank_processes import OneRankGlooTestCase
 
 if TYPE_CHECKING:
     import contextlib
@@ -62,20 +64,14 @@ def decision_artifacts(payloads: list) -> contextlib.AbstractContextManager:
     )
 
 
-class OneRankGroupTestCase(TestCase):
+class OneRankGroupTestCase(OneRankGlooTestCase):
     """A one-rank gloo group for each test, and a small benchmark configuration."""
 
     def setUp(self):
         super().setUp()
-        store = one_rank_file_store(self)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         self.config = ct.CollectiveBenchmarkConfig(
             timeout=timedelta(seconds=5), nwarmup=1, nruns=3
         )
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        super().tearDown()
 
 
 class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
@@ -620,8 +616,55 @@ class TestKnownCrashes(TestCase):
         )
 
 
-class TestTimerNamed(OneRankGroupTestCase):
-    """Every benchmarked decision names what timed it, in the trace and in TORCH_LOGS."""
+class TestTimingOnDevices(OneRankGroupTestCase):
+    """Device events on the tensors' device's stream, bounded waits, and the timer named.
+
+    A stand-in for a device module (``torch.get_device_module``) records the
+    streams events go on, and can leave its work pending forever.
+    """
+
+    def _device_module(self, recorded: list, pending: bool = False):
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                pass
+
+            def record(self, stream=None) -> None:
+                recorded.append(stream)
+
+            def query(self) -> bool:
+                return not pending
+
+            def elapsed_time(self, end) -> float:
+                return 1.5
+
+        return types.SimpleNamespace(
+            Event=Event, current_stream=lambda device: f"current stream of {device}"
+        )
+
+    def test_events_go_on_the_stream_of_the_tensors_device(self):
+        from torch._inductor.runtime.collective_benchmarking import timing
+
+        recorded: list = []
+        module = self._device_module(recorded)
+        device = torch.device("cuda", 1)  # not the current device
+        with mock.patch.object(torch, "get_device_module", lambda device: module):
+            times = timing.time_calls([lambda: None] * 2, device, timeout_s=5)
+        self.assertEqual(times, [1.5, 1.5])
+        self.assertEqual(set(recorded), {"current stream of cuda:1"})
+        self.assertEqual(timing.timer_name(device), "cuda events")
+        self.assertEqual(timing.timer_name(torch.device("cpu")), "host clock")
+
+    def test_device_work_that_never_ends_is_a_timeout_not_a_hang(self):
+        from torch._inductor.runtime.collective_benchmarking import timing
+
+        module = self._device_module([], pending=True)
+        started = time.monotonic()
+        with (
+            mock.patch.object(torch, "get_device_module", lambda device: module),
+            self.assertRaises(cs.CollectiveBenchmarkTimeout),
+        ):
+            timing.wait_device(torch.device("cuda", 0), time.monotonic() + 0.2)
+        self.assertLess(time.monotonic() - started, 5)
 
     def test_the_artifact_and_the_log_name_the_timer_and_the_runs(self):
         out = torch.ones(2)

@@ -48,7 +48,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from rank_processes import one_rank_file_store, RankProcessesTestCase
+from rank_processes import OneRankGlooTestCase, RankProcessesTestCase
 from test_collective_autotuning import (
     DELAY_MS,
     SLOW_MS,
@@ -221,18 +221,8 @@ class CompiledImplementationsTest(RankProcessesTestCase):
         self.assertEqual(in_flight, {"all_reduce": 1, "all_gather": 1, "all_to_all": 1})
 
 
-class KnownCrashesTest(TestCase):
+class KnownCrashesTest(OneRankGlooTestCase):
     """On a group whose CUDA backend is gloo, no implementation calls a collective known to crash it."""
-
-    def setUp(self):
-        super().setUp()
-        dist.init_process_group(
-            "gloo", store=one_rank_file_store(self), rank=0, world_size=1
-        )
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        super().tearDown()
 
     def _collectives(self, device: str) -> dict[str, frozenset[str]]:
         # Every implementation's graph, traced as autotuning traces it, on

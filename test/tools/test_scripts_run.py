@@ -32,6 +32,10 @@ SMALLEST = {
         ["--nproc", "2", "--ops", "1", "--runs", "3", "--tables", "block"],
         "| 2 | V2 |",
     ),
+    "bench_collective_buffers.py": (
+        ["--ops", "2", "--numel", "1024"],
+        "| released when the session ends (0025) |",
+    ),
     "bench_collective_caches.py": (
         ["--nproc", "2", "--numel", "256"],
         "| warm | with collective choices |",
