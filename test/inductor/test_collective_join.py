@@ -37,7 +37,7 @@ from torch._inductor.runtime.collective_benchmarking import (
 )
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from rank_processes import one_rank_file_store
+from rank_processes import OneRankGlooTestCase
 
 CONFIG = ct.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=3)
 OK, DESYNCHRONIZED = cd.CandidateStatus.OK, cd.CandidateStatus.DESYNCHRONIZED
@@ -77,16 +77,7 @@ def run_join(member, control, ops):
     return cj.join(member, control, ops, ordered, [None] * len(ops)).excluded
 
 
-class TestOneMember(TestCase):
-    def setUp(self):
-        super().setUp()
-        store = one_rank_file_store(self)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-
-    def tearDown(self):
-        dist.destroy_process_group()
-        super().tearDown()
-
+class TestOneMember(OneRankGlooTestCase):
     def control(self, prefix: str) -> cc.ControlStore:
         group = dist.group.WORLD
         return cc.ControlStore.for_group(prefix, group, CONFIG.timeout, CONFIG.max_wait)
