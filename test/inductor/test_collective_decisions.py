@@ -27,6 +27,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import shutil
+import tempfile
 import threading
 import time
 import types
@@ -151,32 +154,45 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
 
     def test_a_session_that_tunes_nothing_says_why_everywhere(self):
         # The default failing is the harness's fault: no winner, whatever the
-        # others did, nothing remembered, and the warning, the trace artifact
-        # and TORCH_LOGS name each candidate's error alike; strict raises.
+        # others did, and the warning, the trace artifact and TORCH_LOGS name
+        # each candidate's error alike; strict raises.  The process keeps the
+        # decision, so a recompile reruns nothing and warns no more, but stores
+        # none: the next process tries again.
         # (Imported here: earlier prefixes of the series lack it.)
         from torch._inductor.runtime.collective_benchmarking import decision_cache
 
         error = RuntimeError("No backend type associated with device type cuda")
+        calls: dict = {}
         op = ct.OpToTune(
             "op",
             [
-                self.candidate("default", None, is_default=True, raise_on={1: error}),
-                self.candidate("fast", torch.ones(2)),
+                self.candidate(
+                    "default", None, is_default=True, raise_on={1: error}, calls=calls
+                ),
+                self.candidate("fast", torch.ones(2), calls=calls),
             ],
             memo_key="op alone",
         )
+        stored = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, stored)
+        config = dataclasses.replace(self.config, decision_dir=stored)
         payloads = []
         with (
             decision_artifacts(payloads),
             self.assertLogs(cb.log, "WARNING") as warnings,
             self.assertLogs(cb.decision_log, "DEBUG") as table,
         ):
-            benchmarker = cb.CollectiveBenchmarker(None, self.config)
+            benchmarker = cb.CollectiveBenchmarker(None, config)
             (decision,) = benchmarker.run_batch([op])
         self.assertEqual(
             (decision.winner, decision.rule), (None, cd.DecisionRule.DEFAULT_FAILED)
         )
-        self.assertIsNone(decision_cache.recall(benchmarker, op))
+        self.assertEqual(decision_cache.recall(benchmarker, op), decision)
+        self.assertEqual(os.listdir(stored), [])
+        ran = dict(calls)
+        with self.assertNoLogs(cb.log, "WARNING"):
+            (again,) = cb.CollectiveBenchmarker(None, config).run_batch([op])
+        self.assertEqual((again.winner, again.rule, calls), (None, decision.rule, ran))
         why = "disqualified: raised on rank 0 in warmup: RuntimeError: No backend type"
         (payload,) = payloads
         self.assertEqual(payload["rule"], "the default failed: nothing tuned")

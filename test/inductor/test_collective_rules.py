@@ -212,6 +212,31 @@ class TestNoiseRules(TestCase):
         self.assertFalse(
             cd.tuned_nothing(dataclasses.replace(decision, rule=ok.rule)), ok
         )
+        self.assertFalse(cd.worth_storing(decision))
+        self.assertTrue(cd.worth_storing(dataclasses.replace(decision, rule=ok.rule)))
+
+    def test_unmeasured_failed_default_tunes_nothing_and_blames_no_one(self):
+        # A default that timed out, lost a peer or was not run did not fail
+        # where the program runs it: nothing is tuned (there is no reference),
+        # and the reason does not blame the harness.
+        fast = result("fast", [1.0, 1.0, 1.0])
+        for status in (
+            cd.CandidateStatus.TIMED_OUT,
+            cd.CandidateStatus.PEER_FAILED,
+            cd.CandidateStatus.UNSAFE,
+        ):
+            default = cd.CandidateResult(
+                "default", (cd.RankReport(status),), stage="timed"
+            )
+            verdict = cd.decide([default, fast], True, 0.02, 0.95)
+            self.assertEqual(verdict[:2], (None, cd.DecisionRule.NO_REFERENCE))
+            self.assertIn(f"{status.description} in timed", verdict.reason)
+            self.assertNotIn("at fault", verdict.reason)
+            decision = cd.CollectiveDecision(
+                "0", (default, fast), None, "", verdict.rule
+            )
+            self.assertTrue(cd.tuned_nothing(decision))
+            self.assertFalse(cd.worth_storing(decision))
 
     def test_a_faster_candidate_replaces_the_default(self):
         default = result("default", [10.0, 11.0, 10.5, 10.2, 10.8, 10.1])

@@ -130,8 +130,8 @@ from .decisions import (
     CandidateStatus,
     CollectiveDecision,
     decide,
-    DecisionRule,
     tuned_nothing,
+    worth_storing,
 )
 from .groups import process_group_topology, resolve_group
 from .join import join
@@ -156,6 +156,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 decision_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
+
+# (group name, op) of the sessions that tuned nothing and said so in this process.
+_warned_untuned: set[tuple[str, str]] = set()
 
 
 class CollectiveBenchmarker:
@@ -338,12 +341,13 @@ class CollectiveBenchmarker:
                     else DecisionSource.REMEMBERED
                 )
                 inductor_stats["collective_autotuning_decisions_adopted"] += 1
-            if decision.rule is not DecisionRule.DEFAULT_FAILED:
-                # A harness failure is not a decision to reuse: the next
-                # compile tries again (every member skips it alike).
-                decision_cache.remember(self, op, decision)
+            # Kept even when the default had no result, so that a recompile
+            # in this process neither reruns the session nor warns again.
+            decision_cache.remember(self, op, decision)
             notes = self._publish(op, decision, source)
-            if source is DecisionSource.BENCHMARKED and tuned_nothing(decision):
+            if tuned_nothing(decision) and (
+                source is DecisionSource.BENCHMARKED or not worth_storing(decision)
+            ):
                 untuned.append(self._tuned_nothing(op, decision, notes))
             decisions.append(decision)
         if untuned and self.config.strict:
@@ -448,7 +452,8 @@ class CollectiveBenchmarker:
     def _tuned_nothing(
         self, op: OpToTune, decision: CollectiveDecision, notes: Sequence[str]
     ) -> str:
-        # Warned on every member, in the words of the trace and TORCH_LOGS.
+        # Warned on every member, once per op and process, in the words of
+        # the trace and TORCH_LOGS; returned for strict to raise every time.
         message = (
             f"collective autotuning of {op.key} over group {self.group_name!r} "
             f"tuned nothing: {decision.reason}. Each candidate: "
@@ -457,7 +462,9 @@ class CollectiveBenchmarker:
                 for result, note in zip(decision.results, notes, strict=True)
             )
         )
-        if not self.config.strict:
+        warned = (self.group_name, op.memo_key or op.key)
+        if not self.config.strict and warned not in _warned_untuned:
+            _warned_untuned.add(warned)
             log.warning(
                 "%s. Set torch._inductor.config.collective_benchmark_strict to "
                 "make this an error.",

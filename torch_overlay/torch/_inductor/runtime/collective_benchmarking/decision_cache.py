@@ -55,6 +55,7 @@ from .decisions import (
     CollectiveDecision,
     decision_from_json,
     decision_to_json,
+    worth_storing,
 )
 from .groups import process_group_topology
 from .types import digest
@@ -147,13 +148,14 @@ def recall(member: Member, op: OpToTune) -> CollectiveDecision | None:
 
 
 def remember(member: Member, op: OpToTune, decision: CollectiveDecision) -> None:
-    """Remember the group's ``decision`` for ``op``, in the process and on disk."""
+    """Remember the group's ``decision`` for ``op`` in the process, and on disk
+    when it is :func:`worth_storing`."""
     key = _memo_key(member, op)
     if key is None or _remembered.get(key) == decision:
         return
     _remembered[key] = decision
     path = _decision_file(member, key)
-    if path is not None:
+    if path is not None and worth_storing(decision):
         path.parent.mkdir(parents=True, exist_ok=True)
         # Whole files only: the ranks of a node, and of every node whose
         # cache directory is on shared storage, write the same file.  Not

@@ -46,6 +46,7 @@ __all__ = [
     "pick_winner",
     "sign_test_p_value",
     "tuned_nothing",
+    "worth_storing",
     "Verdict",
 ]
 
@@ -144,9 +145,12 @@ class DecisionRule(enum.Enum):
     SIGNIFICANT = "faster and significant"  # beat the default beyond noise
     DO_NO_HARM = "do-no-harm"  # the default stays: the others did not beat it
     ALL_FAILED = "every candidate failed"  # nothing qualified: the default runs
-    # The op's own default failed where the program runs it anyway: the
+    # The op's own default raised, where the program runs it anyway: the
     # harness is at fault, not a candidate; nothing is tuned.
     DEFAULT_FAILED = "the default failed: nothing tuned"
+    # The default timed out, lost a peer, or was not run: there is no
+    # reference to screen or time the others against; nothing is tuned.
+    NO_REFERENCE = "the default was not measured: nothing tuned"
     MIN_SPEEDUP = "below min_speedup_threshold"  # the default stays
     # No session: Inductor's deterministic mode benchmarks nothing and takes
     # the op's default (reporting.py reports it all the same).
@@ -362,22 +366,30 @@ def decide(
     The fastest qualified candidate wins, near-ties going to the earlier
     (:func:`pick_winner`); a winner other than the default must also beat the
     default beyond noise (:func:`beats_default`, with the default's ``twin``
-    when it was timed), or the default stays.  A default that failed decides
-    nothing (``DEFAULT_FAILED``, no winner): it is the op's own code, which
-    the program runs untuned anyway, so its failure is the benchmark
-    harness's, and the others' results, screened against no reference, are
-    not to be trusted.
+    when it was timed), or the default stays.  A default without a result
+    decides nothing (no winner): one that raised (``DEFAULT_FAILED``) is the
+    op's own code, which the program runs untuned anyway, so its failure is
+    the benchmark harness's; one that timed out, lost a peer or was not run
+    (``NO_REFERENCE``) leaves the others screened against no reference.
     """
     if has_default and results[0].status is not CandidateStatus.OK:
         default = results[0]
-        where = f" in {default.stage}" if default.stage else ""
+        what = f"the default {default.name} {default.status.description}" + (
+            f" in {default.stage}" if default.stage else ""
+        )
+        if default.status is CandidateStatus.RAISED:
+            return Verdict(
+                None,
+                DecisionRule.DEFAULT_FAILED,
+                f"{what}: the op's own code failed where the program runs it, so "
+                "the benchmark, not a candidate, is at fault; nothing is tuned and "
+                "every rank uses the default",
+            )
         return Verdict(
             None,
-            DecisionRule.DEFAULT_FAILED,
-            f"the default {default.name} {default.status.description}{where}: "
-            "the op's own code failed where the program runs it, so the "
-            "benchmark, not a candidate, is at fault; nothing is tuned and every "
-            "rank uses the default",
+            DecisionRule.NO_REFERENCE,
+            f"{what}: no candidate can be screened or timed against it; nothing "
+            "is tuned and every rank uses the default",
         )
     times = [result.time_ms for result in results]
     index = pick_winner(times, tie_tolerance)
@@ -416,7 +428,21 @@ def decide(
 
 def tuned_nothing(decision: CollectiveDecision) -> bool:
     """Whether ``decision`` kept the default because nothing could be measured."""
-    return decision.rule in (DecisionRule.ALL_FAILED, DecisionRule.DEFAULT_FAILED)
+    return decision.rule in (
+        DecisionRule.ALL_FAILED,
+        DecisionRule.DEFAULT_FAILED,
+        DecisionRule.NO_REFERENCE,
+    )
+
+
+def worth_storing(decision: CollectiveDecision) -> bool:
+    """Whether ``decision`` says something about the candidates that outlives the process.
+
+    Not when the default had no result: the process keeps such a decision,
+    so that a recompile neither reruns the session nor warns again, but
+    stores none, so that the next process tries again.
+    """
+    return decision.rule not in (DecisionRule.DEFAULT_FAILED, DecisionRule.NO_REFERENCE)
 
 
 def interleaved_order(count: int, seed: str) -> list[int]:

@@ -466,12 +466,12 @@ class SessionRun:
             except _StepFailed as error:
                 failed_at = step if error.step is None else error.step
                 failure = f"{failed_at}:{int(error.status)}:{error.stage}"
-                # The failure's description, without the traceback that G200
-                # asks for (exc_info): a failed candidate step is expected here.
-                log.info(  # noqa: G200
-                    "collective autotuning: step %d failed on this rank: %s",
+                # No traceback: a failed candidate step is expected here.
+                log.info(
+                    "collective autotuning: step %d failed on this rank: %s in %s",
                     failed_at,
-                    error,
+                    error.status.name,
+                    error.stage,
                 )
             # Only now, with the exception and its frames gone, is this rank's
             # last reference to the channel the one dropped here.

@@ -82,8 +82,8 @@ class CollectiveBenchmarkConfig:
 
     strict: bool = False
     """Raise, on every member, when a session tunes nothing because its op's
-    default or every candidate failed (the harness, not a candidate, is then
-    at fault), instead of warning and keeping the default."""
+    default had no result or every candidate failed, instead of warning once
+    and keeping the default."""
 
     decision_dir: str | None = dataclasses.field(
         default=None, compare=False, repr=False
