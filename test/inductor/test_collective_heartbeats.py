@@ -8,7 +8,7 @@ the earliest prefixes of the patch series.  What this checks:
   ``Observation`` (on a fake clock) knows since when a member's counter has
   not advanced and since when it has been idle.
 * A ``Liveness`` writes ``idle`` once when started, then beats (its counter
-  advances) while a session is open or its main thread compiles, saying
+  advances) while a session is open or the process compiles, saying
   which sessions and frames; once idle again it writes ``idle`` once and
   asks nothing more of the store.
 * While a session observes a member, the thread reads that member's status
@@ -19,6 +19,8 @@ the earliest prefixes of the patch series.  What this checks:
 * ``shutdown`` stops and joins both threads with three store requests, and
   is idempotent; the threads also stop when the store they serve is
   released, and starting on another store replaces them.
+* The default probe of compiling sees a Dynamo compile from another thread
+  (it holds Dynamo's ``compile_lock``), and nothing before or after it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import threading
 import time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch._inductor.runtime.collective_benchmarking import liveness as lv, store as cs
 from torch.testing._internal.common_utils import run_tests, TestCase
@@ -183,6 +186,30 @@ class TestHeartbeat(TestCase):
         gc.collect()
         self.assertEqual(liveness_threads(), [])
         self.assertFalse(second.is_alive())
+
+
+class TestCompilingProbe(TestCase):
+    """The default probe: a Dynamo compile on another thread of the process."""
+
+    def test_a_compile_is_seen_from_another_thread(self):
+        liveness = lv.Liveness(lambda: self.fail("no store"), lambda: 0, listen=False)
+        seen: list[bool] = []
+
+        def probe_from_another_thread() -> None:
+            # As the liveness thread probes: not the compiling thread.
+            probe = threading.Thread(target=lambda: seen.append(liveness._compiling()))
+            probe.start()
+            probe.join()
+
+        def backend(gm, example_inputs):
+            probe_from_another_thread()
+            return gm.forward
+
+        torch._dynamo.reset()
+        probe_from_another_thread()
+        torch.compile(lambda x: x + 1, backend=backend)(torch.ones(2))
+        probe_from_another_thread()
+        self.assertEqual(seen, [False, True, False])
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ alive and what it does, and reads the same of the member it watches.
 Every process that tunes runs one daemon thread (:class:`Liveness`).  It
 *beats*, i.e. rewrites one key of its own, ``status/<rank>``, every
 :func:`beat_interval` seconds, but only while the process has a session open,
-its main thread compiles (Dynamo's frame compilation, which holds the
+Dynamo compiles a frame (under its ``compile_lock``, which covers the
 lowering and the scheduler where sessions start), or a peer woke it (below).
 The key carries a counter that advances with every beat, what the process
 does (``compiling``, ``session`` or ``idle``), the frames it opened sessions
@@ -220,8 +220,8 @@ class Watch:
 class Liveness:
     """A process's heartbeat, and its watch over the members its main thread waits for.
 
-    See the module docstring.  ``compiling`` says whether the watched main
-    thread compiles (the default reads its stack); the store, the rank and
+    See the module docstring.  ``compiling`` says whether the process
+    compiles (the default probes Dynamo's ``compile_lock``); the store, the rank and
     the main thread are injectable, and the wake listener can be left out,
     so that one process can simulate many ranks
     (``scripts/bench_collective_control.py``).
@@ -239,7 +239,7 @@ class Liveness:
         self._listen = listen
         self._global_rank = global_rank
         self._main_thread = main_thread or threading.main_thread()
-        self._compiling = compiling or self._main_thread_compiling
+        self._compiling = compiling or self._dynamo_compiling
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._threads: _Threads | None = None
@@ -398,20 +398,24 @@ class Liveness:
                 self._watches.remove(watch)
 
     # The thread's side --------------------------------------------------------------
-    def _main_thread_compiling(self) -> bool:
-        # Whether the main thread is inside Dynamo's frame compilation (tracing
-        # and Inductor both run there), read from its stack: Dynamo's
-        # callbacks are cleared by torch._dynamo.reset().
-        from torch._dynamo.convert_frame import _compile
+    def _dynamo_compiling(self) -> bool:
+        # Whether Dynamo compiles a frame in this process: tracing and
+        # Inductor both run under its compile_lock, which this probes without
+        # waiting.  (Dynamo's callbacks would not do: torch._dynamo.reset()
+        # clears them.)  Imported here: the runtime does not import Dynamo.
+        from torch._dynamo.convert_frame import compile_lock
 
-        frame = sys._current_frames().get(self._main_thread.ident or -1)
-        while frame is not None:
-            if frame.f_code is _compile.__code__:
-                return True
-            frame = frame.f_back
+        if not compile_lock.acquire(blocking=False):
+            return True
+        compile_lock.release()
         return False
 
     def _blocked_call(self, now: float) -> tuple[str, float]:
+        # Which collective the main thread is inside, from its innermost frame:
+        # the one read of another thread's frames left.  c10d cannot say which
+        # collective a thread waits in (short of FlightRecorder, which a job
+        # enables before it makes its groups), and a candidate that sleeps past
+        # the timeout must stay a stall, not a rank stuck in a collective.
         frame = sys._current_frames().get(self._main_thread.ident or -1)
         call = _collective_call(frame)
         if not call or frame is None:
