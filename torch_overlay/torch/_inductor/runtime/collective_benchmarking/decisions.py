@@ -426,13 +426,16 @@ def decide(
     )
 
 
+# The rules of a default without a result: decisions that say nothing of the
+# candidates.
+_DEFAULT_UNMEASURED = frozenset(
+    {DecisionRule.DEFAULT_FAILED, DecisionRule.NO_REFERENCE}
+)
+
+
 def tuned_nothing(decision: CollectiveDecision) -> bool:
     """Whether ``decision`` kept the default because nothing could be measured."""
-    return decision.rule in (
-        DecisionRule.ALL_FAILED,
-        DecisionRule.DEFAULT_FAILED,
-        DecisionRule.NO_REFERENCE,
-    )
+    return decision.rule is DecisionRule.ALL_FAILED or not worth_storing(decision)
 
 
 def worth_storing(decision: CollectiveDecision) -> bool:
@@ -442,7 +445,7 @@ def worth_storing(decision: CollectiveDecision) -> bool:
     so that a recompile neither reruns the session nor warns again, but
     stores none, so that the next process tries again.
     """
-    return decision.rule not in (DecisionRule.DEFAULT_FAILED, DecisionRule.NO_REFERENCE)
+    return decision.rule not in _DEFAULT_UNMEASURED
 
 
 def interleaved_order(count: int, seed: str) -> list[int]:
