@@ -345,31 +345,10 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
             self.assertEqual(dict(counters["collective_autotuning"]), {})
             self.assertEqual(ran, ["default"])
 
-    def test_sync_with_timeout_returns_when_every_rank_arrived(self):
-        self.assertIsNone(cb.sync_with_timeout(None, timedelta(seconds=5)))
-
     def test_two_defaults_are_rejected(self):
         a = self.candidate("a", torch.ones(1), is_default=True)
         with self.assertRaisesRegex(ValueError, "at most one"):
             cb.CollectiveBenchmarker(None, self.config).run([a, a])
-
-    def test_single_candidate_helper_returns_inf_on_failure(self):
-        self.assertTrue(
-            math.isfinite(
-                cb.try_collective_benchmark_with_timeout(
-                    lambda: torch.ones(1), config=self.config
-                )
-            )
-        )
-
-        def boom():
-            raise RuntimeError("boom")
-
-        self.assertTrue(
-            math.isinf(
-                cb.try_collective_benchmark_with_timeout(boom, config=self.config)
-            )
-        )
 
 
 class TestStoreLifetime(TestCase):

@@ -138,21 +138,16 @@ from .join import join
 from .liveness import ensure_heartbeat
 from .reporting import describe, DecisionSource, explain, publish
 from .session import SessionRun
-from .store import CollectiveBenchmarkError, CollectiveBenchmarkTimeout, STORE_PREFIX
+from .store import CollectiveBenchmarkError, STORE_PREFIX
 from .timing import timed, timer_name
 from .types import Candidate, CollectiveBenchmarkConfig, OpToTune
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from datetime import timedelta
 
 
-__all__ = [
-    "CollectiveBenchmarker",
-    "sync_with_timeout",
-    "try_collective_benchmark_with_timeout",
-]
+__all__ = ["CollectiveBenchmarker"]
 
 log = logging.getLogger(__name__)
 decision_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
@@ -503,45 +498,3 @@ def _twin(first: Candidate) -> Candidate | None:
     if not first.is_default:
         return None
     return Candidate(f"{first.name} (again)", first.fn, signature=first.signature)
-
-
-# --- conveniences ---------------------------------------------------------------
-def sync_with_timeout(group: dist.ProcessGroup | None, timeout: timedelta) -> None:
-    """Barrier over ``group`` bounded by ``timeout``.
-
-    Every rank of ``group`` must call it.  Returns once all ranks arrived;
-    raises :class:`CollectiveBenchmarkTimeout` when they did not within
-    ``timeout`` (after which a gloo group cannot be used again; see
-    ``channels.py``).
-    """
-    work = dist.barrier(group=group, async_op=True)
-    try:
-        completed = work.wait(timeout)
-    except RuntimeError as error:  # gloo reports a timed-out wait by raising
-        raise CollectiveBenchmarkTimeout(
-            f"barrier did not complete within {timeout}: {error}"
-        ) from error
-    if completed is False:
-        raise CollectiveBenchmarkTimeout(f"barrier did not complete within {timeout}")
-
-
-def try_collective_benchmark_with_timeout(
-    fn: Callable[[], Any],
-    *,
-    group: dist.ProcessGroup | str | None = None,
-    config: CollectiveBenchmarkConfig | None = None,
-    device: torch.device = torch.device("cpu"),
-    name: str = "candidate",
-) -> float:
-    """Benchmark one collective callable in lock-step; the agreed time in ms.
-
-    Every member of ``group`` must call it with equal arguments.  Returns the
-    slowest rank's median run time, the same float on every member, or inf on
-    every member when ``fn`` raised or timed out on any of them.  Raises
-    :class:`CollectiveBenchmarkError` when a member is lost.
-    """
-    benchmarker = CollectiveBenchmarker(
-        group, config or CollectiveBenchmarkConfig(), device
-    )
-    decision = benchmarker.run([Candidate(name, fn)], key=name)
-    return decision.time_ms(name)

@@ -21,7 +21,6 @@ its group and its number of candidates, and its seconds are added to
 
 from __future__ import annotations
 
-import math
 import time
 from contextlib import contextmanager
 from typing import Any, TYPE_CHECKING
@@ -40,7 +39,6 @@ __all__ = [
     "CallFailed",
     "device_of",
     "time_calls",
-    "time_runs",
     "timed",
     "timer_name",
     "wait_device",
@@ -85,21 +83,6 @@ def wait_device(device: torch.device, deadline: float) -> None:
                 f"device work on {device} did not complete in time"
             )
         time.sleep(1e-4)
-
-
-def time_runs(
-    fn: Callable[[], Any], nruns: int, device: torch.device, deadline: float = math.inf
-) -> list[float]:
-    """Run ``fn`` ``nruns`` times on the calling rank; each run's time in milliseconds.
-
-    Raises what ``fn`` raises, or :class:`CollectiveBenchmarkTimeout` when
-    device work is still pending at ``deadline`` (a ``time.monotonic()``
-    value).
-    """
-    try:
-        return time_calls([fn] * nruns, device, deadline - time.monotonic())
-    except CallFailed as failure:
-        raise failure.error from None
 
 
 class CallFailed(Exception):
