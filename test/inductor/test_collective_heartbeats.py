@@ -158,7 +158,7 @@ class TestHeartbeat(TestCase):
         self.start_listening()
         idle = self.status()
         with self.assertLogs(lv.log, "ERROR") as logs:
-            self.reader.set(cs.wake_key(0), "verdict|rank 1 is lost")
+            self.reader.set(cs.wake_key(0), cs.wake_value("rank 1 is lost"))
             self.wait_for(lambda: self.status().counter > idle.counter + 1)
         self.assertEqual(self.status().activity, "idle")
         self.assertIn("a peer gave up on this job: rank 1 is lost", logs.output[0])

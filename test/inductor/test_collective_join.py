@@ -4,8 +4,9 @@ What this checks, on a one-rank gloo group and on members simulated by threads,
 each with store connections and a liveness of its own:
 
 * ``ControlStore``: a rendezvous every member reached returns and costs the
-  requests its docstring counts; a gathered value comes back whole.  The last
-  member to leave a session deletes its keys; after an exception they stay.
+  requests its docstring counts; gathered values and claims are JSON and come
+  back whole, whatever delimiters they hold.  The last member to leave a
+  session deletes its keys; after an exception they stay.
 * A wait is bounded: a member that never arrives nor beats is given up on,
   named in the verdict; a member arriving later raises that verdict at once.
 * ``op_identity`` ignores only the counter Inductor appends to a choice's name.
@@ -96,6 +97,18 @@ class TestOneMember(OneRankGlooTestCase):
             dict(gather - barrier), dict(append=1, add=1, compare_set=1, get=2)
         )
         self.assertEqual(posts, ["a:1:b"])
+
+    def test_values_travel_as_json_whatever_they_hold(self):
+        # Posts and claims are JSON, not delimited strings: delimiters, line
+        # breaks and nesting in a value come back as they were posted.
+        control = self.control("test/json/")
+        with control.session():
+            value = {"stage": "warmup: a|b:c\nd \u2028 e", "steps": [1, [2, 3]]}
+            self.assertEqual(control.gather("values", value, "the gather"), [value])
+            claim = control.claim("holder", "x|y:z")
+            self.assertEqual(claim, cc.Claim(0, "x|y:z"))
+            self.assertEqual(control.read_claim("holder"), claim)
+            self.assertIsNone(control.read_claim("unclaimed"))
 
     def test_last_member_to_leave_deletes_the_keys_unless_it_failed(self):
         names = ["step/count", "step/done", "values/log", "n"]

@@ -107,18 +107,22 @@ class TestFailureAgreement(TestCase):
     def test_earliest_round_takes_the_worst_status_reported_for_it(self):
         # Rank 1 raised in round 2; rank 0 saw its channel fail there; rank 2
         # had finished round 2 and failed in round 3 when rank 1 left.
-        posts = ["2:1:warmup", "2:4:warmup", "3:1:warmup"]
+        posts = [
+            cd.FailureReport(2, PEER, "warmup"),
+            cd.FailureReport(2, RAISED, "warmup"),
+            cd.FailureReport(3, PEER, "warmup"),
+        ]
         round_index, reports, stage = cd.earliest_failure(posts)
         self.assertEqual(round_index, 2)
         self.assertEqual([r.status for r in reports], [PEER, RAISED, OK])
         self.assertEqual(stage, "warmup")
 
     def test_the_stage_carries_the_error_of_the_worst_report(self):
-        # A post's stage names the error (colons and all), so that every
-        # member can say why a candidate lost, not only where.
+        # A post's stage names the error, so that every member can say why a
+        # candidate lost, not only where.
         posts = [
-            "1:1:warmup: DistError: Connection closed by peer",
-            "1:4:warmup: RuntimeError: a: b",
+            cd.FailureReport(1, PEER, "warmup: DistError: Connection closed by peer"),
+            cd.FailureReport(1, RAISED, "warmup: RuntimeError: a: b"),
         ]
         _, _, stage = cd.earliest_failure(posts)
         self.assertEqual(stage, "warmup: RuntimeError: a: b")
@@ -126,7 +130,9 @@ class TestFailureAgreement(TestCase):
     def test_timeout_is_retryable_and_a_real_failure_is_not(self):
         self.assertTrue(TIMEOUT.retryable and PEER.retryable)
         self.assertFalse(RAISED.retryable or WRONG.retryable or OK.retryable)
-        _, reports, _ = cd.earliest_failure(["1:2:timed runs", "1:1:timed runs"])
+        _, reports, _ = cd.earliest_failure(
+            [cd.FailureReport(1, TIMEOUT, "timed runs"), cd.FailureReport(1, PEER, "timed runs")]
+        )
         self.assertTrue(max(r.status for r in reports).retryable)
 
     @settings(max_examples=200, deadline=None)
@@ -141,9 +147,9 @@ class TestFailureAgreement(TestCase):
         data=st.data(),
     )
     def test_every_rank_derives_the_same_verdict_in_any_order(self, posts, data):
-        texts = [f"{r + 4}:{int(s)}:stage{int(s)}" for r, s in posts]
-        shuffled = data.draw(st.permutations(texts))
-        first, second = cd.earliest_failure(texts), cd.earliest_failure(shuffled)
+        reports = [cd.FailureReport(r + 4, s, f"stage{int(s)}") for r, s in posts]
+        shuffled = data.draw(st.permutations(reports))
+        first, second = cd.earliest_failure(reports), cd.earliest_failure(shuffled)
         self.assertEqual(first[0], second[0])
         self.assertEqual(
             max(r.status for r in first[1]), max(r.status for r in second[1])

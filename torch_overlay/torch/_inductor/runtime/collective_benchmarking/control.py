@@ -71,10 +71,11 @@ request to the store's server, which does not depend on any channel.
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -86,11 +87,11 @@ from .liveness import (
     Watch,
 )
 from .store import (
-    _VERDICT_PREFIX,
     CollectiveBenchmarkError,
     main_store_client,
     StoreClient,
     wake_key,
+    wake_value,
 )
 
 
@@ -98,11 +99,22 @@ if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
 
-__all__ = ["ControlStore"]
+__all__ = ["Claim", "ControlStore"]
 
-# What a key posted to with ControlStore.post_same holds once members posted
-# different values: no member posts it (posted values are digests).
-_DIFFERENT = "|different"
+
+class Claim(NamedTuple):
+    """A claim on a session key (:meth:`ControlStore.claim`): who holds it, with what."""
+
+    rank: int  # in the session's group
+    value: str
+
+    def encode(self) -> str:
+        return json.dumps([self.rank, self.value])
+
+    @staticmethod
+    def decode(text: str) -> Claim:
+        rank, value = json.loads(text)
+        return Claim(rank, value)
 
 
 # --- agreement ----------------------------------------------------------------------
@@ -204,10 +216,8 @@ class ControlStore:
             with self.liveness.watching(watch):
                 self._wait(done, what)
         if self.client.get(done) != "complete":
-            giver, _, message = self.client.get(
-                f"{self.prefix}{tag}/verdict"
-            ).partition("|")
-            if int(giver) != self.rank:
+            giver, message = json.loads(self.client.get(f"{self.prefix}{tag}/verdict"))
+            if giver != self.rank:
                 message += " (the verdict of a peer that gave up waiting)"
             raise CollectiveBenchmarkError(message)
 
@@ -226,69 +236,48 @@ class ControlStore:
             ) from error
 
     def gather(
-        self, tag: str, value: str, what: str, also: str | None = None
-    ) -> list[str | None]:
-        """Post ``value`` under ``tag``; every member's value, in rank order.
+        self, tag: str, value: Any, what: str, also: str | None = None
+    ) -> list[Any]:
+        """Post ``value`` (JSON-serializable) under ``tag``; every member's value, in rank order.
 
         A member counted under ``also`` posted nothing: its entry is None.
         """
         log_key = self._key(f"{tag}/log")
-        self.client.append(log_key, f"{self.rank}:{len(value)}:{value}")
+        # JSON Lines: one append per member, one read of the whole log.
+        self.client.append(log_key, json.dumps([self.rank, value]) + "\n")
         self.barrier(tag, what, also)
-        return self._parse_log(self.client.get(log_key))
-
-    def _parse_log(self, text: str) -> list[str | None]:
-        posts: list[str | None] = [None] * self.size
-        position = 0
-        while position < len(text):
-            rank, length, _ = text[position:].split(":", 2)
-            start = position + len(rank) + len(length) + 2
-            posts[int(rank)] = text[start : start + int(length)]
-            position = start + int(length)
+        posts: list[Any] = [None] * self.size
+        for line in self.client.get(log_key).splitlines():
+            rank, posted = json.loads(line)
+            posts[rank] = posted
         return posts
 
     def count(self, name: str, amount: int = 1) -> int:
         """Add ``amount`` to the session's counter ``name``; its new value."""
         return self.client.add(self._key(name), amount)
 
-    def post_same(self, name: str, value: str) -> None:
-        """Post ``value`` under ``name``, which every member posts to.
-
-        The key keeps the first value posted while every member posts that
-        value, and holds a value no member posts once two members posted
-        different ones (values only ever change to it).  Read with
-        :meth:`posted_same` after a rendezvous that every member posted
-        before.  One request, two when the values differ.
-        """
-        key = self._key(name)
-        if self.client.compare_set(key, "", value) != value:
-            self.client.set(key, _DIFFERENT)
-
-    def posted_same(self, name: str, value: str) -> bool:
-        """Whether every member posted ``value`` under ``name`` (see :meth:`post_same`)."""
-        return self.client.read_if_set(self._key(name)) == value
-
-    def claim(self, name: str, value: str) -> str:
+    def claim(self, name: str, value: str) -> Claim:
         """Claim ``name`` for this member with ``value``; the claim that holds so far.
 
         The claim of the lowest-ranked member that claims holds, whatever the
         order in which members claim (a compare-and-set loop, which retries
         only when another member claims at the same moment).  Claims are read
         (:meth:`read_claim`) after a rendezvous that every claimer claimed
-        before.  A claim is ``"<rank>|<value>"``.
+        before.
         """
-        key, mine = self._key(name), f"{self.rank}|{value}"
+        key, mine = self._key(name), Claim(self.rank, value).encode()
         current = self.client.read_if_set(key)
-        while current is None or int(current.partition("|")[0]) > self.rank:
+        while current is None or Claim.decode(current).rank > self.rank:
             current_or_unset = "" if current is None else current
             current = self.client.compare_set(key, current_or_unset, mine)
             if current == mine:
                 break
-        return current
+        return Claim.decode(current)
 
-    def read_claim(self, name: str) -> str | None:
-        """The claim on ``name`` (``"<rank>|<value>"``), or None when nobody claimed it."""
-        return self.client.read_if_set(self._key(name))
+    def read_claim(self, name: str) -> Claim | None:
+        """The claim on ``name``, or None when nobody claimed it."""
+        text = self.client.read_if_set(self._key(name))
+        return None if text is None else Claim.decode(text)
 
     def post(self, name: str, value: str) -> None:
         self.client.set(self._key(name), value)
@@ -387,7 +376,7 @@ class _Watcher:
             self.give_up(client, watch, reason)
 
     def _wake(self, client: StoreClient, watch: Watch, member: int, now: float) -> None:
-        client.set(wake_key(member), "wake")
+        client.set(wake_key(member), wake_value())
         watch.woke_at = now
         if watch.first_woke_at is None:
             watch.first_woke_at = now
@@ -413,13 +402,15 @@ class _Watcher:
             f"did not reach {reason}"
         )
         client.compare_set(
-            f"{control.prefix}{watch.tag}/verdict", "", f"{control.rank}|{message}"
+            f"{control.prefix}{watch.tag}/verdict",
+            "",
+            json.dumps([control.rank, message]),
         )
         _finish(client, control.prefix, watch.tag, "verdict")
         if job:
             # Members that run compiled code log it (see Liveness).
             keys = [wake_key(rank) for rank in control.global_ranks]
-            client.multi_set(keys, [f"{_VERDICT_PREFIX}{message}"] * len(keys))
+            client.multi_set(keys, [wake_value(message)] * len(keys))
 
     def _recompiled_alone(self, status: MemberStatus) -> bool:
         # A member that compiled this frame before, fewer times than this one,

@@ -39,6 +39,7 @@ __all__ = [
     "decision_from_json",
     "decision_to_json",
     "earliest_failure",
+    "FailureReport",
     "first_tensor",
     "interleaved_order",
     "is_default_choice",
@@ -517,29 +518,34 @@ def outputs_match(output: torch.Tensor | None, reference: torch.Tensor | None) -
 
 
 # --- failure agreement ------------------------------------------------------------
-def earliest_failure(posts: Sequence[str]) -> tuple[int, tuple[RankReport, ...], str]:
+class FailureReport(NamedTuple):
+    """A member's post to a failure agreement: the step it failed at, or
+    reached, its status there, and where (the stage and the error)."""
+
+    step: int  # a round, or a later step of the session (exchange, commit, past it)
+    status: CandidateStatus
+    stage: str
+
+
+def earliest_failure(
+    posts: Sequence[FailureReport],
+) -> tuple[int, tuple[RankReport, ...], str]:
     """The step every member blames for a failure, from the members' reports.
 
-    Each post is ``"step:status:stage"``, the step being a round, or a later
-    step of the session (its exchange, its commit, or past it).  The earliest
-    reported step is the one that failed: a member that reported a later step
-    had finished it and saw it succeed (status OK).  Pure and
-    order-independent, so every member derives the same result from the same
-    posts.
+    The earliest reported step is the one that failed: a member that
+    reported a later step had finished it and saw it succeed (status OK).
+    Pure and order-independent, so every member derives the same result
+    from the same reports.
     """
-    parsed = [
-        (int(s), CandidateStatus(int(st)), stage)
-        for s, st, stage in (p.split(":", 2) for p in posts)
-    ]
-    earliest = min(step for step, _, _ in parsed)
+    earliest = min(step for step, _, _ in posts)
     reports = tuple(
         RankReport(status if step == earliest else CandidateStatus.OK)
-        for step, status, _ in parsed
+        for step, status, _ in posts
     )
     worst = max(reports, key=lambda report: report.status)
     stage = next(
         st
-        for (step, status, st) in parsed
+        for (step, status, st) in posts
         if step == earliest and status == worst.status
     )
     return earliest, reports, stage

@@ -30,8 +30,8 @@ Each member also claims, per op, the decision it remembers (see
 ``decision_cache.py``): the lowest-ranked claimant posts its
 decision, and an op that any member remembers is adopted by every member
 instead of being benchmarked.  Claims are read after the rendezvous, when
-every member has made its own.  And it posts a digest of its ops' memo keys
-to one key that all members share (``ControlStore.post_same``): whether the
+every member has made its own.  And it counts itself under a digest of its
+ops' memo keys, as under the digest of what it tunes: whether the
 candidates' traced code, and so a program that inlines their winners, is
 the same on every member, or holds rank-dependent constants (which slot is
 this rank's), in which case a cached program serves only the rank that
@@ -46,7 +46,6 @@ real join.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import re
 from collections import Counter
@@ -143,11 +142,11 @@ def join(
         if decision is None:
             continue
         held_by = control.claim(f"holder{i}", decision_cache.decision_digest(decision))
-        if held_by.partition("|")[0] == str(member.rank):
+        if held_by.rank == member.rank:
             control.post(f"adopt{i}/{member.rank}", decision_to_json(decision))
             posted.append(i)
     code = digest(repr([op.memo_key for op in ops]))
-    control.post_same("code", code)
+    control.count(f"code/{code}")
     control.count(f"digest/{tuned}")
     with timed(
         "join",
@@ -160,15 +159,16 @@ def join(
     excluded: dict[tuple[int, int], CandidateResult] = {}
     if control.count(f"digest/{tuned}", 0) != member.size:
         excluded = _reconcile(member, control, ops, ordered, op_digests, signatures)
-    joined = Joined([], {}, {}, control.posted_same("code", code))
+    same_code = control.count(f"code/{code}", 0) == member.size
+    joined = Joined([], {}, {}, same_code)
     for i in range(len(ops)):
         # Read after the join: a lower rank may have claimed after this one.
         claim = control.read_claim(f"holder{i}")
         if claim is None:
             joined.to_run.append(i)
             continue
-        holder, _, memo = claim.partition("|")
-        if i in posted and holder != str(member.rank):
+        holder, memo = claim
+        if i in posted and holder != member.rank:
             # A lower rank claimed after this one: its post is not read.
             control.client.delete(f"{control.prefix}adopt{i}/{member.rank}")
         control.delete_on_leave(f"adopt{i}/{holder}")
@@ -197,9 +197,9 @@ def _reconcile(
     # member; a candidate whose collectives differ between members is
     # disqualified everywhere (keyed by op and candidate index in
     # preference order), and the rest compete.
-    detail = json.dumps([op_digests, str(member.config), signatures])
+    detail = [op_digests, str(member.config), signatures]
     posts = control.gather("join-detail", detail, "the start of autotuning")
-    details = [json.loads(post) for post in posts if post is not None]
+    details = [post for post in posts if post is not None]
     if len(details) != member.size or any(
         other[:2] != details[member.rank][:2] for other in details
     ):

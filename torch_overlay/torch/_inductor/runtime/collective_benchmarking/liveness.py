@@ -67,10 +67,11 @@ import torch.distributed as dist
 
 from .store import (
     _default_store,
-    _VERDICT_PREFIX,
     status_key,
     StoreClient,
     wake_key,
+    wake_value,
+    wake_verdict,
 )
 
 
@@ -335,7 +336,7 @@ class Liveness:
         try:
             # The listener blocks in the store's wait on this key; the
             # heartbeat's connection is free now.
-            threads.client.set(wake_key(threads.rank), "stop")
+            threads.client.set(wake_key(threads.rank), wake_value())
         except Exception:  # the store went away, and so did the listener's wait
             log.debug(
                 "collective autotuning: could not wake the listener", exc_info=True
@@ -447,11 +448,11 @@ class Liveness:
                 return
             if stop.is_set():  # woken by shutdown(), which set the key
                 return
-            if value.startswith(_VERDICT_PREFIX) and not logged:
+            verdict = wake_verdict(value)
+            if verdict and not logged:
                 logged = True
                 log.error(
-                    "collective autotuning: a peer gave up on this job: %s",
-                    value[len(_VERDICT_PREFIX) :],
+                    "collective autotuning: a peer gave up on this job: %s", verdict
                 )
             self._awake_until = time.monotonic() + 2 * self._timeout
             self._wake.set()

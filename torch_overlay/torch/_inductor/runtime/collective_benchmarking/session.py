@@ -66,6 +66,7 @@ from .decisions import (
     CandidateResult,
     CandidateStatus,
     earliest_failure,
+    FailureReport,
     first_tensor,
     interleaved_order,
     outputs_match,
@@ -102,8 +103,12 @@ def _phase_metadata(
 
 def classify(error: BaseException) -> CandidateStatus:
     """The status of a step that raised ``error`` on this member."""
-    # Backends report a timed-out collective with their own error types and
-    # messages; gloo says "Timed out waiting ...", NCCL "... timed out".
+    # c10d has no exception type for a timed-out collective, and gloo raises
+    # a bare RuntimeError both for one ("Timed out waiting 2000ms for recv
+    # operation to complete") and for a peer that left ("Connection closed
+    # by peer"): for those, the message is all there is.  Everything else
+    # goes by type (DistError: DistBackendError, DistNetworkError,
+    # DistStoreError).
     message = str(error).lower()
     if isinstance(error, TimeoutError) or "timed out" in message:
         return CandidateStatus.TIMED_OUT
@@ -225,10 +230,10 @@ class _FailureAgreements:
         self.exchange_attempts = 1
         self.epoch = 0
 
-    def agree(self, schedule: list[_Step], failure: str) -> _Resume | None:
+    def agree(self, schedule: list[_Step], failure: FailureReport) -> _Resume | None:
         """Agree with every member on the step that failed; where the session resumes.
 
-        ``failure`` is this member's ``"step:status:stage"``; a member that
+        ``failure`` is this member's report; a member that
         committed posts nothing and counts as past every step.  Returns None
         when every member exchanged (the commit failed somewhere: the session
         is over).  Raises :class:`CollectiveBenchmarkError` when the exchange
@@ -241,10 +246,19 @@ class _FailureAgreements:
             "failure_agreement", "sync", **_phase_metadata(self.control, self.plans)
         ):
             posts = self.control.gather(
-                f"failure{self.epoch}", failure, "failure agreement", also="committed"
+                f"failure{self.epoch}",
+                [failure.step, int(failure.status), failure.stage],
+                "failure agreement",
+                also="committed",
             )
+        past_commit = FailureReport(commit + 1, CandidateStatus.OK, "committed")
         failed_step, reports, stage = earliest_failure(
-            [f"{commit + 1}:0:committed" if post is None else post for post in posts]
+            [
+                past_commit
+                if post is None
+                else FailureReport(post[0], CandidateStatus(post[1]), post[2])
+                for post in posts
+            ]
         )
         if failed_step >= commit:
             return None
@@ -465,7 +479,7 @@ class SessionRun:
                 break
             except _StepFailed as error:
                 failed_at = step if error.step is None else error.step
-                failure = f"{failed_at}:{int(error.status)}:{error.stage}"
+                failure = FailureReport(failed_at, error.status, error.stage)
                 # No traceback: a failed candidate step is expected here.
                 log.info(
                     "collective autotuning: step %d failed on this rank: %s in %s",

@@ -13,6 +13,7 @@ side, so that they can depend on it.
 from __future__ import annotations
 
 import collections
+import json
 import time
 import weakref
 from contextlib import contextmanager
@@ -62,8 +63,16 @@ def wake_key(global_rank: int) -> str:
     return f"{STORE_PREFIX}/wake/{global_rank}"
 
 
-# A verdict on the whole job, sent to every member's wake key (and logged there).
-_VERDICT_PREFIX = "verdict|"
+def wake_value(verdict: str = "") -> str:
+    """What a waker sets on a wake key: a JSON object with the verdict on the
+    job it gives every member ("" when it only wakes the process)."""
+    return json.dumps({"verdict": verdict})
+
+
+def wake_verdict(value: str) -> str:
+    """The verdict carried by a wake key's value (see :func:`wake_value`)."""
+    return json.loads(value)["verdict"]
+
 
 # Every request the control plane made to the store, by kind.
 store_requests: collections.Counter[str] = collections.Counter()
