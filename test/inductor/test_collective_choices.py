@@ -12,7 +12,8 @@ What this checks:
 * ``settings.benchmark_config``: the sessions' settings come from
   ``torch._inductor.config``; a value out of range or of the wrong type is an
   error naming the knob and its environment variable, when it is read;
-  ``settings.start_heartbeat`` reads and checks the timeout alone.
+  ``settings.start_heartbeat`` reads and checks the timeout alone.  The
+  switches are read from the environment as upstream's ``Config`` entries are.
 
 No process group is needed: the choices are stand-ins with a name and a graph.
 """
@@ -20,6 +21,9 @@ No process group is needed: the choices are stand-ins with a name and a graph.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import torch
@@ -219,6 +223,40 @@ class TestSettings(TestCase):
             ):
                 with self.assertRaisesRegex(ValueError, rf"\.{knob} .* must be "):
                     settings.benchmark_config()
+
+    def test_switches_are_read_from_the_environment_as_config_entries(self):
+        # The switches are Config entries with an env_name_default: "0" and "1"
+        # are bools, other text reaches the check as a string and is an error
+        # naming the knob and its variable.  Read at import: a fresh process.
+        script = (
+            "from torch._inductor import config\n"
+            "from torch._inductor.collective_autotuning import settings\n"
+            "assert settings.deferral_requested() is False\n"
+            "assert config.collective_benchmark_allow_gloo_overlap is True\n"
+            "try:\n"
+            "    settings.benchmark_config()\n"
+            "except ValueError as error:\n"
+            "    print(error)\n"
+        )
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING": "0",
+            "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_ALLOW_GLOO_OVERLAP": "1",
+            "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT": "yes",
+        }
+        printed = subprocess.run(
+            [sys.executable, "-c", script],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        self.assertEqual(
+            printed.strip(),
+            "torch._inductor.config.collective_benchmark_strict (environment "
+            "variable TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT) must be bool, "
+            "got 'yes' (str)",
+        )
 
 
 if __name__ == "__main__":

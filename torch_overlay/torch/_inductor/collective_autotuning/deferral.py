@@ -135,6 +135,7 @@ from torch._inductor.collective_autotuning.epilogue import (
 from torch._inductor.collective_autotuning.inlining import inline_winners, splice
 from torch._inductor.collective_autotuning.settings import (
     benchmark_config,
+    deferral_requested,
     start_heartbeat,
 )
 from torch._inductor.runtime.collective_benchmarking.benchmarker import (
@@ -173,7 +174,7 @@ def deferral_enabled() -> bool:
     as ``autotune_select_algorithm`` does for every op.
     """
     return (
-        bool(config.defer_collective_autotuning)
+        deferral_requested()
         and not config.deterministic
         and config.test_configs.force_custom_op_decomposition is None
     )

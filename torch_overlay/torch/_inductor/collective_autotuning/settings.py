@@ -32,15 +32,18 @@ __all__ = [
     "benchmark_config",
     "candidate_compile_settings",
     "compile_sharing_dir",
+    "deferral_requested",
     "start_heartbeat",
 ]
 
 # Each knob this module reads: its environment variable and the Python types
 # it may hold.  The variables are spelled out for the messages that name them:
-# upstream's config module keeps a knob's variable only in the expression that
-# reads it (these knobs are plain module values, not ``Config`` entries with an
-# ``env_name_default``), and inductor_default_autotune_warmup's does not follow
-# the TORCHINDUCTOR_<KNOB> pattern.
+# a numeric knob is a plain module value whose variable only the expression
+# that reads it names (``Config``'s ``env_name_default`` reads "1" and "0" as
+# bools and any other text as a string, so only the switches are ``Config``
+# entries), and inductor_default_autotune_warmup's does not follow the
+# TORCHINDUCTOR_<KNOB> pattern.  A switch's variable set to anything but 0 or
+# 1 is a string here, reported by _read.
 _KNOBS: dict[str, tuple[str, tuple[type, ...]]] = {
     "collective_benchmark_timeout": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_TIMEOUT",
@@ -76,6 +79,10 @@ _KNOBS: dict[str, tuple[str, tuple[type, ...]]] = {
     ),
     "collective_benchmark_allow_gloo_overlap": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_ALLOW_GLOO_OVERLAP",
+        (bool,),
+    ),
+    "defer_collective_autotuning": (
+        "TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING",
         (bool,),
     ),
     "collective_benchmark_strict": (
@@ -160,6 +167,15 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
         raise ValueError(
             f"{_knob(knob)} must be {error.expected}, got {getattr(config, knob)!r}"
         ) from None
+
+
+def deferral_requested() -> bool:
+    """``defer_collective_autotuning``: whether V2 is asked for.
+
+    Raises ``ValueError``, naming the knob and its environment variable,
+    when it is not a bool (the variable was set to neither 0 nor 1).
+    """
+    return cast(bool, _read("defer_collective_autotuning"))
 
 
 def compile_sharing_dir() -> str | None:
