@@ -170,11 +170,7 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
 
 
 def deferral_requested() -> bool:
-    """``defer_collective_autotuning``: whether V2 is asked for.
-
-    Raises ``ValueError``, naming the knob and its environment variable,
-    when it is not a bool (the variable was set to neither 0 nor 1).
-    """
+    """``defer_collective_autotuning``, checked: ``ValueError`` unless a bool."""
     return cast(bool, _read("defer_collective_autotuning"))
 
 
