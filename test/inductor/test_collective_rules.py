@@ -131,7 +131,10 @@ class TestFailureAgreement(TestCase):
         self.assertTrue(TIMEOUT.retryable and PEER.retryable)
         self.assertFalse(RAISED.retryable or WRONG.retryable or OK.retryable)
         _, reports, _ = cd.earliest_failure(
-            [cd.FailureReport(1, TIMEOUT, "timed runs"), cd.FailureReport(1, PEER, "timed runs")]
+            [
+                cd.FailureReport(1, TIMEOUT, "timed runs"),
+                cd.FailureReport(1, PEER, "timed runs"),
+            ]
         )
         self.assertTrue(max(r.status for r in reports).retryable)
 
