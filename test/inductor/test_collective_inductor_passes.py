@@ -161,11 +161,13 @@ class InductorPassesTests(AutotuningTestMixin):
             ran_while_compiling = collections.Counter(RAN)
             RAN.clear()
             result = compiled(self._input(self.rank, device))
+        # Every rank gathers before any asserts: a rank that failed first
+        # would leave its peers in the gather (a hang on CI, not a failure).
+        self._assert_agreed_winner(list(RAN), winner)
         # The program's graph took part in distributed GEMM tuning, once on
         # every rank; no candidate's compile did.
         self.assertEqual(sync.call_count, 1)
         self.assertGreater(ran_while_compiling[winner], 1)  # it was benchmarked
-        self._assert_agreed_winner(list(RAN), winner)
         inputs = [self._input(r, device) for r in range(self.world_size)]
         expected = sum(2 * peer for peer in inputs) + 1
         torch.testing.assert_close(result, expected, rtol=0, atol=0)
