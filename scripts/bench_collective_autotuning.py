@@ -16,33 +16,28 @@ per launch, one process each, rendezvous over env://):
    distinct ones (the same op on inputs of different sizes): the slowest
    rank's first call, in fresh processes with Inductor's caches on (its
    defaults) in fresh cache directories, without autotuning (no
-   implementation registered), with V1 and with V2, each with every rank
-   compiling every candidate and with each candidate compiled once per host
-   (``collective_autotuning_share_compiles``, the *per host* columns), side
-   by side: ``--repeats`` launches per path, interleaved, and their median
-   (C++ compilation dominates and swings by seconds from one launch to the
-   next).  Overhead = tuned - untuned.  The last column counts the
-   candidates compiled on the host, summed over its ranks.  With
-   ``--cache-dirs host`` (the default) a launch's ranks share one cache
-   directory, as a host's ranks share ``/tmp/torchinductor_<user>``; with
-   ``--cache-dirs rank`` each rank has its own, so nothing is shared
-   (kernels included).
+   implementation registered), with V1 and with V2, side by side:
+   ``--repeats`` launches per path, interleaved, and their median (C++
+   compilation dominates and swings by seconds from one launch to the
+   next).  Overhead = tuned - untuned.  With ``--cache-dirs host`` (the
+   default) a launch's ranks share one cache directory, as a host's ranks
+   share ``/tmp/torchinductor_<user>``, so each kernel is built once per
+   launch; with ``--cache-dirs rank`` each rank has its own, so nothing is
+   shared (kernels included).
 
 1. **Autotuning overhead** for a graph of 1, 3 and 8 collective ops (each an
    all_reduce custom op with three implementations: the eager default, a
    direct all_reduce, reduce_scatter + all_gather; each op followed by a
-   pointwise add), at 2 and 4 ranks, V1 and V2, each without and with
-   per-host compilation (``+host``), cache directories as ``--cache-dirs``
-   says, Inductor's caches off.  Each rank first probes the CPU's vector ISA
-   (``pick_vec_isa``), which Inductor does once per process at its first
-   C++ kernel, so that "compiling the candidates" does not hold a cost that
-   every first compile pays.  Per compile, from the benchmarker's
+   pointwise add), at 2 and 4 ranks, V1 and V2, cache directories as
+   ``--cache-dirs`` says, Inductor's caches off.  Each rank first probes the
+   CPU's vector ISA (``pick_vec_isa``), which Inductor does once per process
+   at its first C++ kernel, so that "compiling the candidates" does not hold
+   a cost that every first compile pays.  Per compile, from the benchmarker's
    ``counters["collective_autotuning"]``, the slowest rank's:
 
    - ``pre-syncs``: joins (one per session);
    - ``total``: autotuning wall time (compiling the candidates + the sessions);
-   - ``compile``: compiling the candidates (after the join), which
-     includes waiting for the rank of the host that compiles one;
+   - ``compile``: compiling the candidates (after the join);
    - ``timed``: inside the timed runs;
    - ``warmup``: inside the warmup runs;
    - ``pre-sync``: inside the joins and the ready rendezvous, which mostly
@@ -50,8 +45,7 @@ per launch, one process each, rendezvous over env://):
    - ``exchange sync``: inside the other synchronizing steps (the session's
      exchange and commit, failure agreements), including the wait for
      slower ranks;
-   - ``sync V2/V1``: V2's pre-sync + exchange sync as a share of V1's;
-   - ``candidates compiled on the host``: summed over the ranks.
+   - ``sync V2/V1``: V2's pre-sync + exchange sync as a share of V1's.
 
 2. **The protocol alone**, for the same ops: ``CollectiveBenchmarker`` driven
    directly with the three implementations as candidates (already compiled),
@@ -175,14 +169,12 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
         )
 
     def path_patches(path: str, caches: bool = False) -> dict:
-        # "V1+host": V1 with each candidate compiled once per host; "V1": by
-        # every rank.  caches: Inductor's defaults (on), else off.
-        tuning, _, sharing = path.partition("+")
+        # "V1" or "V2" (or "default": no tuning).  caches: Inductor's
+        # defaults (on), else off.
         patches = dict(
             collective_benchmark_nruns=NRUNS,
             inductor_default_autotune_warmup=NWARMUP,
-            defer_collective_autotuning=tuning == "V2",
-            collective_autotuning_share_compiles=sharing == "host",
+            defer_collective_autotuning=path == "V2",
         )
         if not caches:
             patches.update(fx_graph_cache=False, autotune_local_cache=False)
@@ -317,8 +309,7 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             start = time.perf_counter()
             compiled(*xs)
             report["first_call_s"] = time.perf_counter() - start
-        for name in ("ops", "candidates_compiled", "candidates_loaded"):
-            report[name] = counters["collective_autotuning"][name]
+        report["ops"] = counters["collective_autotuning"]["ops"]
     elif mode == "overhead":
 
         def program(x):
@@ -339,7 +330,6 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             compiled(x)
         stats = counters["collective_autotuning"]
         report.update({name: stats[name] for name in COUNTERS})
-        report["compiled"] = stats["candidates_compiled"]
     else:
         rows, hidden = 256, 1024
         torch.manual_seed(rank)
@@ -407,18 +397,14 @@ def cache_dirs_label(shared_cache: bool) -> str:
 def compile_table(
     nprocs: list[int], programs: list[str], repeats: int, shared_cache: bool
 ) -> None:
-    paths = ("none", "V1", "V2", "V1+host", "V2+host")
+    paths = ("none", "V1", "V2")
     print(
         "\nCompile wall time: first call of a program of n collective ops, each followed by relu(y * 0.5 + (i + 1)); "
         f"slowest rank, fresh processes, Inductor's caches on, {cache_dirs_label(shared_cache)}; "
-        f"median of {repeats} launches per path, interleaved; seconds.  V1, V2: every rank compiles "
-        "every candidate; per host: each candidate compiled once per host (collective_autotuning_share_compiles)\n"
+        f"median of {repeats} launches per path, interleaved; seconds\n"
     )
-    print(
-        "| ranks | ops | no autotuning | V1 | V2 | V1 per host | V2 per host | overhead V1 | overhead V2 "
-        "| overhead V1 per host | overhead V2 per host | candidates compiled on the host: V2 / V2 per host |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| ranks | ops | no autotuning | V1 | V2 | overhead V1 | overhead V2 |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for nproc in nprocs:
         for program in programs:
             nops = -int(program[:-1]) if program.endswith("d") else int(program)
@@ -443,16 +429,12 @@ def compile_table(
                 path: f"{wall[path] - wall['none']:+.1f} s ({(wall[path] - wall['none']) / wall['none']:.0%})"
                 for path in paths[1:]
             }
-            compiled = " / ".join(
-                str(sum(r["candidates_compiled"] for r in rows[path]))
-                for path in ("V2", "V2+host")
-            )
             print(
                 f"| {nproc} | {label} | "
                 + " | ".join(f"{wall[path]:.1f}" for path in paths)
                 + " | "
                 + " | ".join(overhead[path] for path in paths[1:])
-                + f" | {compiled} |",
+                + " |",
                 flush=True,
             )
 
@@ -460,36 +442,33 @@ def compile_table(
 def overhead_table(nprocs: list[int], op_counts: list[int], shared_cache: bool) -> None:
     print(
         "\nAutotuning overhead per compile (slowest rank; seconds unless noted); "
-        f"{cache_dirs_label(shared_cache)}; +host: each candidate compiled once per host\n"
+        f"{cache_dirs_label(shared_cache)}\n"
     )
     print(
         "| ranks | ops | path | pre-syncs | total | compile | timed | warmup | pre-sync | exchange sync "
-        "| sync V2/V1 | candidates compiled on the host |"
+        "| sync V2/V1 |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for nproc in nprocs:
         for nops in op_counts:
             rows = {}
-            compiled = {}
-            for path in ("V1", "V2", "V1+host", "V2+host"):
+            for path in ("V1", "V2"):
                 reports = launch(
                     nproc, "overhead", path, str(nops), "0", shared_cache=shared_cache
                 )
                 rows[path] = {
                     name: max(report[name] for report in reports) for name in COUNTERS
                 }
-                compiled[path] = sum(report["compiled"] for report in reports)
             sync = {
                 path: row["presync_s"] + row["sync_s"] for path, row in rows.items()
             }
             for path, row in rows.items():
                 total = row["prepare_s"] + row["session_s"]
-                v1 = path.replace("V2", "V1")
-                ratio = "" if path == v1 else f"{sync[path] / sync[v1]:.0%}"
+                ratio = "" if path == "V1" else f"{sync[path] / sync['V1']:.0%}"
                 print(
                     f"| {nproc} | {nops} | {path} | {row['presync']:.0f} | {total:.2f} | {row['prepare_s']:.2f} "
                     f"| {row['timed_s']:.3f} | {row['warmup_s']:.3f} | {row['presync_s']:.3f} | {row['sync_s']:.3f} "
-                    f"| {ratio} | {compiled[path]} |",
+                    f"| {ratio} |",
                     flush=True,
                 )
 

@@ -26,14 +26,6 @@ launch tests look at: ``--no-destroy`` leaves the process group to the
 interpreter's exit, ``--last-to-exit`` makes the store's host (global rank 0)
 or its peers leave 3 s after the others, and ``--raise-on-rank R`` makes rank
 R's own code raise after tuning (its report written first).
-
-Each rank reports, in ``compiled``, the implementations whose candidate
-modules it compiled itself (``epilogue`` for V2's module of the epilogue
-alone): ``test_collective_host_compiles.py`` counts them over a host's ranks.
-``--slow-compile IMPL:S`` makes every compile of IMPL's candidate take S
-seconds longer; ``--compile-raises-once IMPL`` makes the first compile of
-IMPL's candidate on the host (the first process to create its marker in
-``--fault-dir``) raise.
 """
 
 from __future__ import annotations
@@ -52,7 +44,6 @@ import torch._inductor.config as inductor_config
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch._dynamo.utils import compilation_time_metrics, counters
-from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
 from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
@@ -90,37 +81,6 @@ def all_reduce_own_shard(x):
     return gathered.view_as(x)
 
 
-def _implementation(choice_name: str) -> str:
-    # The implementation a candidate module runs, read from its choice's name.
-    return next(
-        (impl for impl in ("own_shard", "rs_ag", "direct") if impl in choice_name),
-        "epilogue",
-    )
-
-
-def count_compiles(args: argparse.Namespace, compiled: list[str]) -> None:
-    """Record each candidate module this rank compiles, with ``args``' faults."""
-    original = SubgraphChoiceCaller._compile_for_benchmarking
-    slow = dict(item.split(":") for item in args.slow_compile)
-
-    def compile_for_benchmarking(self):  # type: ignore[no-untyped-def]
-        impl = _implementation(self.name)
-        compiled.append(impl)
-        if impl in slow:
-            time.sleep(float(slow[impl]))
-        if impl in args.compile_raises_once:
-            Path(args.fault_dir).mkdir(parents=True, exist_ok=True)
-            try:
-                Path(args.fault_dir, impl).touch(exist_ok=False)
-            except FileExistsError:
-                pass
-            else:
-                raise RuntimeError(f"compiling {impl} failed (injected)")
-        return original(self)
-
-    SubgraphChoiceCaller._compile_for_benchmarking = compile_for_benchmarking
-
-
 def run(args: argparse.Namespace) -> None:
     """One rank: tune, run, report, and leave as ``args`` say."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -142,9 +102,7 @@ def run(args: argparse.Namespace) -> None:
         "rank": rank,
         "world_size": world,
         "node": os.environ.get("NODE_TAG", ""),
-        "compiled": [],
     }
-    count_compiles(args, report["compiled"])
     try:
         with inductor_config.patch(
             collective_benchmark_nruns=NRUNS,
@@ -212,9 +170,6 @@ def main() -> None:
     parser.add_argument("--raise-on-rank", type=int, default=-1)
     parser.add_argument("--stall-s", type=float, default=0.0)
     parser.add_argument("--rank-dependent", action="store_true")
-    parser.add_argument("--slow-compile", action="append", default=[])
-    parser.add_argument("--compile-raises-once", action="append", default=[])
-    parser.add_argument("--fault-dir", default="")
     parser.add_argument("--bare-init", action="store_true")
     args = parser.parse_args()
     if args.spawn:

@@ -522,7 +522,7 @@ class TestKnownCrashOnOneRank(OneRankGroupTestCase):
     def test_a_candidate_calling_a_collective_known_to_crash_is_neither_prepared_nor_run(
         self,
     ):
-        # Imported here: the prefixes of the series before 0023 have no such list.
+        # Imported here: the prefixes of the series before 0022 have no such list.
         from torch._inductor.runtime.collective_benchmarking import known_crashes
 
         # The crash needs CUDA tensors on gloo: a stand-in entry lists this

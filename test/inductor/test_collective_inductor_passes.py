@@ -1,11 +1,12 @@
 """Collective autotuning beside Inductor's own passes that issue collectives.
 
-A rank compiles a collective autotuning candidate alone: the ranks of a host
-split the candidates (``host_compiles.py``), and a candidate's compile runs
-a nested Inductor compilation.  An Inductor pass that issues a collective
-while it compiles a graph (distributed GEMM tuning's all-gather, runtime
-estimations aligned across ranks, the SPMD check) would wait there for ranks
-that never issue it: with ``distributed_max_autotune_gemm`` a job hung.
+A collective autotuning candidate's compile is a nested Inductor
+compilation that runs on the members of the op's group only, and not on all
+of them alike (a compile that raises stops early).  An Inductor pass that
+issues a collective over the job's ranks while it compiles a graph
+(distributed GEMM tuning's all-gather, runtime estimations aligned across
+ranks, the SPMD check) would wait there for ranks that never issue it, or
+pair with another graph's collective by accident.
 What this checks:
 
 * Without ranks: every file of the installed Inductor that issues a

@@ -36,7 +36,7 @@ SMALLEST = {
     ),
     "bench_collective_buffers.py": (
         ["--ops", "2", "--numel", "1024"],
-        "| released when the session ends (0025) |",
+        "| released when the session ends (0024) |",
     ),
     "bench_collective_control.py": (
         ["--ranks", "4", "--sessions", "1", "--processes", "1", "--timeout", "5"],

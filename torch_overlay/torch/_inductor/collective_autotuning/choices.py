@@ -12,14 +12,12 @@ A choice compiles on its first use; as a candidate, it compiles in its
 ``prepare`` (:func:`compile_in_background`), which leaves the builds of its
 kernels running (Inductor's compile workers), so that the benchmarker starts
 every candidate's builds, and lowers the next candidates meanwhile, before it
-waits for any of them.  The ranks of a host split that work: each candidate
-is compiled by one of them and loaded by the others (``host_compiles.py``).
+waits for any of them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import operator
 from typing import Any, cast, TYPE_CHECKING
@@ -52,8 +50,7 @@ from torch._inductor.runtime.collective_benchmarking.types import (
     digest,
 )
 
-from .host_compiles import compile_here, HostCompile, share_key
-from .settings import benchmark_config, compile_sharing_dir
+from .settings import benchmark_config, candidate_compile_settings
 
 
 if TYPE_CHECKING:
@@ -64,7 +61,6 @@ __all__ = [
     "AgreedTimings",
     "benchmark_collective_choices",
     "candidate_names",
-    "candidate_prepare",
     "choices_identity",
     "collective_candidates",
     "collective_group_name",
@@ -263,7 +259,10 @@ def collective_candidates(
                 name,
                 _choice_runner(choice, inputs, output),
                 is_default=is_default,
-                prepare=candidate_prepare(choice),
+                # Subgraph choices compile lazily on their first run.
+                prepare=compile_in_background(choice._ensure_compiled)
+                if hasattr(choice, "_ensure_compiled")
+                else None,
                 signature=collective_signature(choice),
                 in_flight=collectives_in_flight(choice),
                 collectives=collective_ops(choice),
@@ -298,53 +297,17 @@ def compile_in_background(
     started building (and raises a build's error), without which the
     compiled module must not run.  Kernels are built by Inductor's compile
     workers (``compile_threads``); with one thread, ``compile`` builds them
-    itself and the callable has nothing to wait for.
+    itself and the callable has nothing to wait for.  ``compile`` runs under
+    :func:`~.settings.candidate_compile_settings`: it issues no collective.
     """
 
     def prepare() -> Callable[[], None]:
-        with _kernel_waits_deferred() as scopes:
+        with _kernel_waits_deferred() as scopes, candidate_compile_settings():
             compile()
 
         def finish() -> None:
             for async_compile, scope in scopes:
                 async_compile.wait(scope)
-
-        return finish
-
-    return prepare
-
-
-def candidate_prepare(choice: Any) -> Callable[[], Callable[[], None]] | None:
-    """The ``prepare`` of ``choice`` as a candidate: its compilation, shared by the host.
-
-    ``None`` for a choice that compiles nothing (the op's eager
-    implementation).  The compilation is :func:`compile_in_background`'s;
-    while ``collective_autotuning_share_compiles`` is on, the ranks of a
-    host split it (``host_compiles.py``): the returned ``prepare`` compiles
-    ``choice``, loads a peer's module of it, or leaves it to the peer that
-    compiles it, and the callable it returns waits for that peer.  Raises,
-    from either, what compiling ``choice`` raised on this rank.
-    """
-    if not hasattr(choice, "_ensure_compiled"):
-        return None
-    # Subgraph choices compile lazily on their first run; a candidate's prepare
-    # compiles it before the session's first warmup.
-    directory = compile_sharing_dir()
-    if directory is None:
-        return compile_in_background(functools.partial(compile_here, choice))
-    max_wait = benchmark_config().max_wait
-
-    def prepare() -> Callable[[], None]:
-        shared = HostCompile(choice, share_key(choice), directory, max_wait)
-        wait_for_builds = compile_in_background(shared.start)()
-
-        def finish() -> None:
-            try:
-                wait_for_builds()
-            except BaseException:
-                shared.abandon()
-                raise
-            shared.finish()
 
         return finish
 

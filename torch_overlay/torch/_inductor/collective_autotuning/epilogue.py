@@ -33,7 +33,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch._inductor import config, ir
 from torch._inductor.collective_autotuning.choices import (
-    candidate_prepare,
+    compile_in_background,
     is_collective,
 )
 from torch._inductor.runtime.collective_benchmarking.decisions import first_tensor
@@ -353,7 +353,7 @@ def time_with_epilogue(
             def fn(fused: Any = fused) -> Any:
                 return fused.benchmark_collective(*inputs, *extras, out=epilogue_out)
 
-            prepare = candidate_prepare(fused)
+            prepare = compile_in_background(fused._ensure_compiled)
         else:
             if epilogue_only is None:
                 epilogue_only = _with_epilogue_caller(None, node, epilogue)
@@ -364,27 +364,24 @@ def time_with_epilogue(
                     first_tensor(run()), *extras, out=epilogue_out
                 )
 
-            prepare = _both(candidate.prepare, candidate_prepare(alone))
+            prepare = _both(
+                candidate.prepare, compile_in_background(alone._ensure_compiled)
+            )
         timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
     return timed
 
 
 def _both(
-    first: Callable[[], Any] | None, second: Callable[[], Any] | None
+    first: Callable[[], Any] | None, second: Callable[[], Any]
 ) -> Callable[[], Callable[[], None]]:
-    # Both preparations, each started now; the returned callable finishes both,
-    # the second even when the first raises: an unfinished preparation may
-    # hold a compile that its host's other ranks wait for (host_compiles.py).
+    # Both preparations, each started now; the returned callable finishes both.
     def prepare() -> Callable[[], None]:
-        finishers = [p() if p is not None else None for p in (first, second)]
+        finishers = [first() if first is not None else None, second()]
 
         def finish() -> None:
-            try:
-                if callable(finishers[0]):
-                    finishers[0]()
-            finally:
-                if callable(finishers[1]):
-                    finishers[1]()
+            for finisher in finishers:
+                if callable(finisher):
+                    finisher()
 
         return finish
 

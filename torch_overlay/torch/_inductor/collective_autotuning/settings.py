@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 __all__ = [
     "benchmark_config",
     "candidate_compile_settings",
-    "compile_sharing_dir",
     "deferral_requested",
     "start_heartbeat",
 ]
@@ -87,10 +86,6 @@ _KNOBS: dict[str, tuple[str, tuple[type, ...]]] = {
     ),
     "collective_benchmark_strict": (
         "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT",
-        (bool,),
-    ),
-    "collective_autotuning_share_compiles": (
-        "TORCHINDUCTOR_COLLECTIVE_AUTOTUNING_SHARE_COMPILES",
         (bool,),
     ),
 }
@@ -174,21 +169,6 @@ def deferral_requested() -> bool:
     return cast(bool, _read("defer_collective_autotuning"))
 
 
-def compile_sharing_dir() -> str | None:
-    """Where this process shares its compiled candidates with the others of its host.
-
-    ``collective_candidates/`` in Inductor's cache directory, or ``None``
-    when ``collective_autotuning_share_compiles`` is off or
-    ``force_disable_caches`` is set (see ``host_compiles.py``).  Any rank
-    may call it, alone.  Raises ``ValueError``, naming the knob and its
-    environment variable, when the knob is not a bool.
-    """
-    share = _read("collective_autotuning_share_compiles")
-    if not share or config.force_disable_caches:
-        return None
-    return os.path.join(cache_dir(), "collective_candidates")
-
-
 def start_heartbeat() -> None:
     """Start this process's heartbeat with the configured timeout (idempotent).
 
@@ -202,12 +182,14 @@ def start_heartbeat() -> None:
 
 # Inductor's passes that issue a collective over the job's ranks while they
 # compile a graph, and the switches that turn them off.  A candidate is
-# compiled by one rank of a host and loaded by the others
-# (host_compiles.py), so a collective there would wait for ranks that never
-# issue it: distributed_max_autotune_gemm's all_gather_object in the nested
-# Scheduler hung a job.  The program's own graph keeps them: every rank
-# compiles it.  test_collective_inductor_passes.py fails when torch gains a
-# compile-time collective that this list does not switch off.
+# compiled only by the members of its op's group, and not by all of them
+# alike (a compile that raises stops before the Scheduler), so such a
+# collective, distributed_max_autotune_gemm's all_gather_object over every
+# rank of the job in the nested Scheduler, say, waits for ranks that never
+# issue it or pairs with another graph's by accident.  The program's own
+# graph keeps them: every rank compiles it.  test_collective_inductor_passes.py
+# fails when torch gains a compile-time collective that this list does not
+# switch off.
 _CROSS_RANK_PASSES = {
     "distributed_max_autotune_gemm": False,
     "aten_distributed_optimizations.spmd_check": False,
