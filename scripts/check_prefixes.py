@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -53,13 +54,18 @@ def run(command: list[str], env: dict[str, str]) -> tuple[bool, str]:
     return result.returncode == 0, (result.stdout + result.stderr).strip()
 
 
-def make_tree(count: int) -> tuple[Path, bool, str]:
-    """The prefix's torch tree (``patchstack prefix``): its path, whether it was made, the output."""
+def installed_torch_dir() -> str:
+    """The torch package directory of .venv, which every prefix's tree links from."""
     python = str(ROOT / ".venv" / "bin" / "python")
     probe = "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('torch').origin))"
-    torch_dir = subprocess.run(
+    return subprocess.run(
         [python, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.strip()
+
+
+def make_tree(count: int, torch_dir: str) -> tuple[Path, bool, str]:
+    """The prefix's torch tree (``patchstack prefix``): its path, whether it was made, the output."""
+    python = str(ROOT / ".venv" / "bin" / "python")
     dest = ROOT / "build" / "prefixes" / f"{count:04d}"
     made, output = run(
         [
@@ -124,8 +130,6 @@ def check_prefix(
     lines = output.splitlines()
     summary = lines[-2] if tests and len(lines) > 1 else "no tests named"
     if not keep:
-        import shutil
-
         shutil.rmtree(dest, ignore_errors=True)
     print(
         f"ok     {name}: imports; {shlex.join(tests) or '-'}: {summary} "
@@ -147,12 +151,13 @@ def main() -> None:
     results = []
     # The next prefix's tree is made while this one's tests run: hard links,
     # which cost the disk, not the CPU the tests time on, and some 3 s a prefix.
+    torch_dir = installed_torch_dir()
     with ThreadPoolExecutor(max_workers=1) as maker:
-        tree = maker.submit(make_tree, counts[0])
+        tree = maker.submit(make_tree, counts[0], torch_dir)
         for position, count in enumerate(counts):
             current = tree
             if position + 1 < len(counts):
-                tree = maker.submit(make_tree, counts[position + 1])
+                tree = maker.submit(make_tree, counts[position + 1], torch_dir)
             results.append(check_prefix(count, patches, args.keep, current))
     if not all(results):
         sys.exit(1)

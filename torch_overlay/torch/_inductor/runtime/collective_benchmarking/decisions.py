@@ -526,6 +526,14 @@ class FailureReport(NamedTuple):
     status: CandidateStatus
     stage: str
 
+    def to_json(self) -> list[Any]:
+        return [self.step, int(self.status), self.stage]
+
+    @staticmethod
+    def from_json(post: Sequence[Any]) -> FailureReport:
+        step, status, stage = post
+        return FailureReport(step, CandidateStatus(status), stage)
+
 
 def earliest_failure(
     posts: Sequence[FailureReport],

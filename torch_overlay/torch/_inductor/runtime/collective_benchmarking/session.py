@@ -247,16 +247,14 @@ class _FailureAgreements:
         ):
             posts = self.control.gather(
                 f"failure{self.epoch}",
-                [failure.step, int(failure.status), failure.stage],
+                failure.to_json(),
                 "failure agreement",
                 also="committed",
             )
         past_commit = FailureReport(commit + 1, CandidateStatus.OK, "committed")
         failed_step, reports, stage = earliest_failure(
             [
-                past_commit
-                if post is None
-                else FailureReport(post[0], CandidateStatus(post[1]), post[2])
+                past_commit if post is None else FailureReport.from_json(post)
                 for post in posts
             ]
         )
