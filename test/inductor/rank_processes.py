@@ -166,6 +166,15 @@ class RankProcessesTestCase(MultiProcContinuousTest):
     def device_type(cls) -> str:
         return "cuda" if cls.backend == "nccl" else "cpu"
 
+    def assertRaisesRegex(self, expected_exception, expected_regex, *args, **kwargs):  # type: ignore[override]
+        # common_utils.TestCase.assertRaisesRegex drops the regex when
+        # ``self.device_type`` is not a native device's name, and on this class
+        # it is a classmethod (MultiProcContinuousTest's), never a name: every
+        # message would match.  Check the message, as unittest does.
+        return unittest.TestCase.assertRaisesRegex(
+            self, expected_exception, expected_regex, *args, **kwargs
+        )
+
     @classmethod
     def setUpClass(cls) -> None:
         skip_without_gpus(cls.backend, cls.WORLD_SIZE)

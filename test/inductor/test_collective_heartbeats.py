@@ -21,11 +21,18 @@ the earliest prefixes of the patch series.  What this checks:
   released, and starting on another store replaces them.
 * The default probe of compiling sees a Dynamo compile from another thread
   (it holds Dynamo's ``compile_lock``), and nothing before or after it.
+* ``pending_collective`` names the gloo collective a thread waits in, read
+  from c10d's FlightRecorder (two gloo ranks of one process), and nothing
+  once it completed; of the recorder's entries it takes the newest one the
+  thread issued that has not retired and is younger than its own timeout.
 """
 
 from __future__ import annotations
 
 import gc
+import json
+import os
+import tempfile
 import threading
 import time
 from datetime import timedelta
@@ -34,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch._inductor.runtime.collective_benchmarking import liveness as lv, store as cs
 from torch.testing._internal.common_utils import run_tests, TestCase
+from unittest import mock
 
 TIMEOUT = timedelta(seconds=0.4)  # a beat every 0.05 s
 
@@ -210,6 +218,68 @@ class TestCompilingProbe(TestCase):
         torch.compile(lambda x: x + 1, backend=backend)(torch.ones(2))
         probe_from_another_thread()
         self.assertEqual(seen, [False, True, False])
+
+
+class TestPendingCollective(TestCase):
+    """The collective a thread waits in, from c10d's FlightRecorder."""
+
+    def test_names_the_collective_a_thread_waits_in(self):
+        # Two gloo ranks in one process: rank 0's all_reduce waits on a thread
+        # of its own until rank 1 issues its part.
+        directory = tempfile.TemporaryDirectory()
+        self.addCleanup(directory.cleanup)
+        store = dist.FileStore(os.path.join(directory.name, "store"), 2)
+        ranks: list = [None, None]
+
+        def make(rank: int) -> None:
+            ranks[rank] = dist.ProcessGroupGloo(store, rank, 2, timedelta(seconds=30))
+
+        makers = [threading.Thread(target=make, args=(rank,)) for rank in (0, 1)]
+        for maker in makers:
+            maker.start()
+        for maker in makers:
+            maker.join()
+        waiter = threading.Thread(
+            target=lambda: ranks[0].allreduce([torch.ones(4)]).wait()
+        )
+        waiter.start()
+        time.sleep(0.3)
+        call, blocked_for = lv.pending_collective(waiter.ident)
+        self.assertTrue(call.startswith("gloo:all_reduce on process group"), call)
+        self.assertGreaterEqual(blocked_for, 0.3)
+        self.assertEqual(lv.pending_collective(threading.get_ident()), ("", 0.0))
+        ranks[1].allreduce([torch.ones(4)]).wait()
+        waiter.join()
+        self.assertEqual(lv.pending_collective(waiter.ident), ("", 0.0))
+
+    def test_takes_the_newest_live_entry_of_the_thread(self):
+        now_ns = time.time_ns()
+
+        def entry(name, ago_s, thread=7, retired=False, timeout_ms=60_000):
+            return {
+                "profiling_name": name,
+                "process_group": ["3", "tp"],
+                "thread_id": str(thread),
+                "retired": retired,
+                "time_created_ns": now_ns - int(ago_s * 1e9),
+                "timeout_ms": timeout_ms,
+            }
+
+        entries = [
+            entry("gloo:broadcast", 50),
+            entry("gloo:all_reduce", 40),
+            entry("gloo:all_gather", 5, retired=True),
+            entry("gloo:barrier", 4, thread=8),
+            entry("gloo:send", 3, timeout_ms=2_000),  # past its own timeout
+        ]
+        dump = json.dumps({"entries": entries}).encode()
+        with mock.patch.object(lv, "_dump_fr_trace_json", return_value=dump):
+            call, blocked_for = lv.pending_collective(7)
+            self.assertEqual(call, "gloo:all_reduce on process group '3' (tp)")
+            self.assertAlmostEqual(blocked_for, 40, delta=5)
+            self.assertEqual(lv.pending_collective(9), ("", 0.0))
+        with mock.patch.object(lv, "_dump_fr_trace_json", side_effect=RuntimeError):
+            self.assertEqual(lv.pending_collective(7), ("", 0.0))
 
 
 if __name__ == "__main__":

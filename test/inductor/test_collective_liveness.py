@@ -23,8 +23,9 @@ same under V1, see ``test_collective_autotuning.py``):
   (alive, its heartbeat going, but blocked in a collective its peers have
   left, which dropping the benchmark channel cannot fail): every healthy
   rank raises ``CollectiveBenchmarkError`` naming it and the collective it is
-  blocked in, within the timeout plus 15 s of the call that got stuck, not
-  after ``collective_benchmark_max_wait`` (20x the timeout).  The healthy ranks then join the
+  blocked in (its op and group, from c10d's FlightRecorder), within the
+  timeout plus 15 s of the call that got stuck, not after
+  ``collective_benchmark_max_wait`` (20x the timeout).  The healthy ranks then join the
   stuck collective, and the stuck rank, released, raises the same verdict.
 
 The killed-rank test stays in ``test_collective_autotuning.py``.
@@ -119,8 +120,10 @@ class LivenessTests:
         FAULTS["gets_stuck"] = Fault("stuck", [last], call=NWARMUP + 2)
         DELAY_MS.clear()
         CALLED_AT.clear()
+        # The collective as c10d's FlightRecorder recorded it: op and group.
         pattern = (
-            rf"ranks \[{last}\] of group .* blocked in torch.distributed.all_reduce"
+            rf"ranks \[{last}\] of group .* blocked in gloo:all_reduce "
+            r"on process group '0' \(default_pg\)"
         )
         # The max wait is far beyond the bound: only the stuck rule names it in time.
         with tuning_config(

@@ -41,10 +41,12 @@ given up on when
 * it compiles or has a session open, but its counter has not advanced for
   ``collective_benchmark_timeout`` (dead, or wedged);
 * it was woken and has not beaten within a timeout (dead, or wedged);
-* it has been inside the same collective call for longer than the timeout
-  while its peers wait in a *failure agreement* of the session it is in:
-  they have left the step that collective belongs to, so it cannot complete
-  (it is not on the session's channel, whose failure would have failed it);
+* it has waited in a collective for longer than the timeout while its peers
+  wait in a *failure agreement* of the session it is in: they have left the
+  step that collective belongs to, so it cannot complete (it is not on the
+  session's channel, whose failure would have failed it).  The watcher wakes
+  such a member, which then reads the collective from c10d's FlightRecorder
+  (``liveness.pending_collective``) and publishes it with its beats;
 * it runs compiled code (``idle``) and compiled the waiting member's frame
   before, fewer times: the waiting member recompiled alone (a guard failed on
   it only).  This verdict is also sent to every member's ``wake`` key, where
@@ -58,7 +60,8 @@ A member arriving at a rendezvous makes one ``add``, one ``wait`` (or, when it
 completes the count, one ``compare_set``) and one ``get``; a value costs one
 ``append`` or ``add`` more and one read of the log.  During a session a member
 beats and reads one status per beat interval; a member that waits for an
-idle peer wakes it once per half timeout.  A session deletes its keys when
+idle peer, or for a peer of its session in a failure agreement, wakes it
+once per half timeout.  A session deletes its keys when
 every member has left it (the member that leaves last deletes them); what
 stays in the store is one status key per process, and after a failure the
 keys of the failed session.  Outside sessions and compiles a process makes
@@ -84,6 +87,7 @@ from .liveness import (
     _liveness,
     Liveness,
     MemberStatus,
+    Observation,
     Watch,
 )
 from .store import (
@@ -316,64 +320,97 @@ class _Watcher:
         now = time.monotonic()
         member = control.global_ranks[watch.successor]
         seen = control.liveness.seen(member)
-        status = seen.status if seen is not None else None
-        waited = now - watch.started
-        timeout = control.timeout
-        reason = None
-        if seen is None or status is None or status.activity == "idle":
-            # Not beating on its own: wake it, again every half timeout while
-            # it is waited for (a woken process beats for two timeouts), and
-            # judge it by whether it beats.
-            if watch.woke_at is None:
-                if waited > control.liveness.interval:
-                    self._wake(client, watch, member, now)
-            elif now - watch.woke_at > timeout / 2:
-                self._wake(client, watch, member, now)
-            last_beat = seen.advanced_at if seen is not None else None
-            if (
-                watch.first_woke_at is not None
-                and now - watch.first_woke_at > timeout
-                and (last_beat is None or now - last_beat > timeout)
-            ):
-                reason = (
-                    f"{watch.what}: no heartbeat from them within "
-                    f"{now - watch.first_woke_at:.1f}s of waking them "
-                    f"(collective_benchmark_timeout is {timeout:g}s); dead, or "
-                    "wedged in a call that holds the GIL"
-                )
-            elif (
-                status is not None
-                and seen is not None
-                and now - (seen.idle_since or now) > timeout
-                and self._recompiled_alone(status)
-            ):
-                self.give_up(client, watch, self._alone_reason(watch), job=True)
-                return
-        elif seen.silent_for(now) > timeout:
-            reason = (
+        if seen is None or seen.status is None or seen.status.activity == "idle":
+            verdict = self._judge_idle(client, watch, member, seen, now)
+        else:
+            verdict = self._judge_busy(client, watch, member, seen, seen.status, now)
+        if verdict is None and now - watch.started > control.max_wait:
+            verdict = (
+                f"{watch.what} within {control.max_wait:g}s "
+                "(collective_benchmark_max_wait) although alive: stalled, or "
+                "compiling a different program",
+                False,
+            )
+        if verdict is not None:
+            self.give_up(client, watch, *verdict)
+
+    def _judge_idle(
+        self,
+        client: StoreClient,
+        watch: Watch,
+        member: int,
+        seen: Observation | None,
+        now: float,
+    ) -> tuple[str, bool] | None:
+        # Not beating on its own: woken, and judged by whether it beats.  The
+        # verdict and whether it is the job's, or None.
+        timeout = self.control.timeout
+        self._keep_awake(client, watch, member, now)
+        last_beat = seen.advanced_at if seen is not None else None
+        if (
+            watch.first_woke_at is not None
+            and now - watch.first_woke_at > timeout
+            and (last_beat is None or now - last_beat > timeout)
+        ):
+            return (
+                f"{watch.what}: no heartbeat from them within "
+                f"{now - watch.first_woke_at:.1f}s of waking them "
+                f"(collective_benchmark_timeout is {timeout:g}s); dead, or "
+                "wedged in a call that holds the GIL",
+                False,
+            )
+        if (
+            seen is not None
+            and seen.status is not None
+            and now - (seen.idle_since or now) > timeout
+            and self._recompiled_alone(seen.status)
+        ):
+            return self._alone_reason(watch), True
+        return None
+
+    def _judge_busy(
+        self,
+        client: StoreClient,
+        watch: Watch,
+        member: int,
+        seen: Observation,
+        status: MemberStatus,
+        now: float,
+    ) -> tuple[str, bool] | None:
+        # Beating on its own (compiling, or in a session): judged by its
+        # counter, and in a failure agreement of its session by the collective
+        # it waits in, which it reads from c10d's FlightRecorder while woken.
+        timeout = self.control.timeout
+        if seen.silent_for(now) > timeout:
+            return (
                 f"{watch.what}: no heartbeat from them for {seen.silent_for(now):.1f}s "
                 f"(collective_benchmark_timeout is {timeout:g}s); dead, or "
-                "wedged in a call that holds the GIL"
+                "wedged in a call that holds the GIL",
+                False,
             )
-        elif (
-            watch.failure_agreement
-            and control.prefix in status.sessions
-            and status.blocked_for > timeout
-        ):
-            reason = (
+        if not watch.failure_agreement or self.control.prefix not in status.sessions:
+            return None
+        self._keep_awake(client, watch, member, now)
+        if status.blocked_for > timeout:
+            return (
                 f"{watch.what}: blocked in {status.blocked_in} for "
                 f"{status.blocked_for:.1f}s, a collective that its peers have "
                 "left, which is not on the session's benchmark channel (an "
-                "implementation that captured a process group?)"
+                "implementation that captured a process group?)",
+                False,
             )
-        if reason is None and waited > control.max_wait:
-            reason = (
-                f"{watch.what} within {control.max_wait:g}s "
-                "(collective_benchmark_max_wait) although alive: stalled, or "
-                "compiling a different program"
-            )
-        if reason is not None:
-            self.give_up(client, watch, reason)
+        return None
+
+    def _keep_awake(
+        self, client: StoreClient, watch: Watch, member: int, now: float
+    ) -> None:
+        # Wake the member once it is waited for, and again every half timeout
+        # (a woken process beats, and says what it waits in, for two timeouts).
+        if watch.woke_at is None:
+            if now - watch.started > self.control.liveness.interval:
+                self._wake(client, watch, member, now)
+        elif now - watch.woke_at > self.control.timeout / 2:
+            self._wake(client, watch, member, now)
 
     def _wake(self, client: StoreClient, watch: Watch, member: int, now: float) -> None:
         client.set(wake_key(member), wake_value())

@@ -13,8 +13,9 @@ Dynamo compiles a frame (under its ``compile_lock``, which covers the
 lowering and the scheduler where sessions start), or a peer woke it (below).
 The key carries a counter that advances with every beat, what the process
 does (``compiling``, ``session`` or ``idle``), the frames it opened sessions
-for, and, when its main thread is inside a collective call, which one and
-for how long.  When the process stops, the thread writes ``idle`` once and
+for, and, while a peer keeps it awake (below) during a session, the
+collective its main thread waits in and for how long, as c10d's
+FlightRecorder recorded it (:func:`pending_collective`).  When the process stops, the thread writes ``idle`` once and
 then asks nothing of the store.  The thread runs Python code, so a process
 whose main thread holds the GIL in a C call that never returns (*wedged*)
 stops beating, as does a dead one; a process that is only busy (a long
@@ -55,7 +56,6 @@ import atexit
 import dataclasses
 import json
 import logging
-import sys
 import threading
 import time
 import weakref
@@ -64,6 +64,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import torch.distributed as dist
+from torch._C._distributed_c10d import _dump_fr_trace_json
 
 from .store import (
     _default_store,
@@ -79,7 +80,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
 
-__all__ = ["Liveness", "MemberStatus", "Watch", "beat_interval", "ensure_heartbeat"]
+__all__ = [
+    "Liveness",
+    "MemberStatus",
+    "Watch",
+    "beat_interval",
+    "ensure_heartbeat",
+    "pending_collective",
+]
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +95,10 @@ log = logging.getLogger(__name__)
 # timeout is only a backstop (a timed-out store request logs a c10d warning,
 # which the protocol must not cause routinely).
 _BACKSTOP = timedelta(days=1)
+
+# The backends whose FlightRecorder pending_collective reads: c10d keeps one
+# recorder per backend, and these are the ones that feed theirs.
+_RECORDING_BACKENDS = ("gloo", "nccl")
 
 # How long shutdown waits for a thread to leave its store request: one request
 # to a live store takes milliseconds, and one to a store that went away fails
@@ -135,21 +147,41 @@ class MemberStatus:
         )
 
 
-def _collective_call(frame: object) -> str:
-    # The collective that a thread whose innermost Python frame is ``frame``
-    # is inside, or "": an op of torch's c10d namespaces called through
-    # OpOverload.__call__ (compiled code, functional collectives), or a
-    # function of torch.distributed.distributed_c10d (eager collectives).
-    code = getattr(frame, "f_code", None)
-    if code is None:
-        return ""
-    if code.co_filename.endswith("distributed_c10d.py"):
-        return f"torch.distributed.{code.co_name}"
-    if code.co_name == "__call__" and code.co_filename.endswith("_ops.py"):
-        op = getattr(frame, "f_locals", {}).get("self")
-        if getattr(op, "namespace", "") in ("_c10d_functional", "c10d"):
-            return str(op)
-    return ""
+def pending_collective(thread_ident: int | None) -> tuple[str, float]:
+    """The collective that thread ``thread_ident`` waits in, and for how many seconds.
+
+    Read from c10d's FlightRecorder, which every gloo and NCCL backend
+    feeds with the collectives it runs (on by default; ``TORCH_FR_BUFFER_SIZE=0``
+    turns it off, and then this finds nothing): the newest entry that the
+    thread issued and that has not completed.  A collective older than its
+    own timeout is left out: it is failing on its own.  ``("", 0.0)`` when
+    there is none.  Any thread may call it; it reads no thread's frames, and
+    raises nothing.
+    """
+    now_ns = time.time_ns()
+    pending = []
+    for backend in _RECORDING_BACKENDS:
+        try:
+            dump = json.loads(_dump_fr_trace_json(True, True, backend=backend))
+        except Exception:  # the backend records nothing in this build
+            continue
+        for entry in dump.get("entries", ()):
+            created = entry.get("time_created_ns", now_ns)
+            if (
+                not entry.get("retired", True)
+                and entry.get("thread_id") == str(thread_ident)
+                and now_ns - created < entry.get("timeout_ms", 0) * 1_000_000
+            ):
+                pending.append((created, entry))
+    if not pending:
+        return "", 0.0
+    created, newest = max(pending, key=lambda item: item[0])
+    name, description = [*newest.get("process_group", ()), "?", "?"][:2]
+    return (
+        f"{newest.get('profiling_name', 'a collective')} on process group "
+        f"{name!r} ({description})",
+        (now_ns - created) / 1e9,
+    )
 
 
 @dataclasses.dataclass
@@ -259,8 +291,6 @@ class Liveness:
         self._interval = beat_interval(timedelta(seconds=30))
         self._timeout = 30.0
         self._awake_until = 0.0  # beats while idle until then, when a peer woke it
-        self._blocked: tuple[int, int, str] | None = None
-        self._blocked_since = 0.0
 
     # The main thread's side -----------------------------------------------------
     def ensure_running(self, timeout: timedelta | None = None) -> None:
@@ -411,22 +441,6 @@ class Liveness:
         compile_lock.release()
         return False
 
-    def _blocked_call(self, now: float) -> tuple[str, float]:
-        # Which collective the main thread is inside, from its innermost frame:
-        # the one read of another thread's frames left.  c10d cannot say which
-        # collective a thread waits in (short of FlightRecorder, which a job
-        # enables before it makes its groups), and a candidate that sleeps past
-        # the timeout must stay a stall, not a rank stuck in a collective.
-        frame = sys._current_frames().get(self._main_thread.ident or -1)
-        call = _collective_call(frame)
-        if not call or frame is None:
-            self._blocked = None
-            return "", 0.0
-        identity = (id(frame), frame.f_lasti, call)
-        if self._blocked != identity:
-            self._blocked, self._blocked_since = identity, now
-        return call, now - self._blocked_since
-
     def _listen_for_wakes(
         self, client: StoreClient, rank: int, stop: threading.Event
     ) -> None:
@@ -482,7 +496,13 @@ class Liveness:
                     activity = "compiling" if self._compiling() else "idle"
                 awake = time.monotonic() < self._awake_until
                 if activity != "idle" or self._published != "idle" or awake:
-                    blocked, blocked_for = self._blocked_call(time.monotonic())
+                    # Peers in a failure agreement keep a member of the
+                    # session awake to learn whether it waits in a collective.
+                    blocked, blocked_for = (
+                        pending_collective(self._main_thread.ident)
+                        if sessions and awake
+                        else ("", 0.0)
+                    )
                     self._counter += 1
                     status = MemberStatus(
                         self._counter, activity, sessions, blocked, blocked_for, frames
