@@ -31,6 +31,7 @@ from unittest import mock
 import torch
 import torch._inductor.config as inductor_config
 import torch._inductor.config_comms as inductor_config_comms
+from torch._dispatch.python import no_python_dispatcher
 from torch._inductor import distributed_autotune
 from torch._inductor.collective_autotuning.settings import candidate_compile_settings
 from torch._inductor.kernel.custom_op import (
@@ -142,8 +143,19 @@ class InductorPassesTests(AutotuningTestMixin):
         def program(x):
             return all_reduce_op(x @ weight) + 1
 
+        original_sync = distributed_autotune._sync
+
+        def sync_without_python_dispatcher(*args, **kwargs):
+            # Upstream's _sync gathers over gloo inside compile_fx's
+            # enable_python_dispatcher(), where a gloo collective can deadlock
+            # (docs/upstream/gloo-python-dispatcher-deadlock.md; CI hung twice
+            # here at 3 ranks, every rank in its all_gather_object).  Not this
+            # stack's collective: run it as the stack runs its candidates.
+            with no_python_dispatcher():
+                return original_sync(*args, **kwargs)
+
         syncs = mock.patch.object(
-            distributed_autotune, "_sync", wraps=distributed_autotune._sync
+            distributed_autotune, "_sync", wraps=sync_without_python_dispatcher
         )
         with (
             tuning_config(
