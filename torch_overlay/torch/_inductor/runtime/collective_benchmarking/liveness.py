@@ -15,8 +15,8 @@ The key carries a counter that advances with every beat, what the process
 does (``compiling``, ``session`` or ``idle``), the frames it opened sessions
 for, and, while a peer keeps it awake (below) during a session, the
 collective its main thread waits in and for how long, as c10d's
-FlightRecorder recorded it (:func:`pending_collective`).  When the process stops, the thread writes ``idle`` once and
-then asks nothing of the store.  The thread runs Python code, so a process
+FlightRecorder recorded it (:func:`pending_collective`).  When the process
+stops, the thread writes ``idle`` once and then asks nothing of the store.  The thread runs Python code, so a process
 whose main thread holds the GIL in a C call that never returns (*wedged*)
 stops beating, as does a dead one; a process that is only busy (a long
 kernel, a sleep, a slow host, a compile) keeps beating.
