@@ -142,7 +142,11 @@ from torch._inductor.runtime.collective_benchmarking.benchmarker import (
     CollectiveBenchmarker,
 )
 from torch._inductor.runtime.collective_benchmarking.groups import resolve_group
-from torch._inductor.runtime.collective_benchmarking.types import Candidate, OpToTune
+from torch._inductor.runtime.collective_benchmarking.types import (
+    Candidate,
+    CollectiveBenchmarkConfig,
+    OpToTune,
+)
 from torch._inductor.virtualized import V
 
 
@@ -358,41 +362,7 @@ def finalize_collective_multi_template_buffers(
     settings = benchmark_config()
     winners: dict[_Tunable, Any] = {}
     for group_name in sorted(by_group):
-        group_tunables = by_group[group_name]
-        # Identical tunables (equal tuning keys) share one benchmark and decision.
-        sharing: dict[str, list[_Tunable]] = {}
-        for tunable in group_tunables:
-            sharing.setdefault(_tuning_key(tunable), []).append(tunable)
-        # The key of each benchmarked op names the nodes it stands for (and
-        # its range), so the join also checks that every rank holds the same
-        # list of them.
-        names = dict.fromkeys(tunable.node.get_name() for tunable in group_tunables)
-        position = {name: i for i, name in enumerate(names)}
-        runners = [_Runners(members[0]) for members in sharing.values()]
-        ops = [
-            _op_to_tune(
-                runner,
-                key,
-                [position[member.node.get_name()] for member in members],
-            )
-            for runner, (key, members) in zip(runners, sharing.items(), strict=True)
-        ]
-        device = group_tunables[0].node.get_device()
-        assert device is not None  # a collective node's output has a device
-        benchmarker = CollectiveBenchmarker(group_name, settings, device)
-        try:
-            agreed = benchmarker.run_batch(ops)
-        finally:
-            # The session is over: its inputs and outputs are not kept through
-            # the next group's session and the rest of the compile.
-            for runner in runners:
-                runner.release()
-        counters["collective_autotuning"]["shared"] += len(group_tunables) - len(
-            sharing
-        )
-        for members, op, outcome in zip(sharing.values(), ops, agreed, strict=True):
-            for member in members:
-                winners[member] = _agreed_winner(member, op, outcome)
+        winners.update(_agree_on_group(group_name, by_group[group_name], settings))
     # Inline every winner first and splice afterwards: operation names come
     # from the length of V.graph.operations, which must not shrink while ops
     # are still being registered.
@@ -406,6 +376,44 @@ def finalize_collective_multi_template_buffers(
     for node, new_ops, out_buffer in replacements:
         splice(node, new_ops, out_buffer)
     return V.graph.operations
+
+
+def _agree_on_group(
+    group_name: str, group_tunables: list[_Tunable], settings: CollectiveBenchmarkConfig
+) -> dict[_Tunable, Any]:
+    # One session of the group over its tunables: the agreed winner of each.
+    # Identical tunables (equal tuning keys) share one benchmark and decision.
+    sharing: dict[str, list[_Tunable]] = {}
+    for tunable in group_tunables:
+        sharing.setdefault(_tuning_key(tunable), []).append(tunable)
+    # The key of each benchmarked op names the nodes it stands for (and its
+    # range), so the join also checks that every rank holds the same list of
+    # them.
+    names = dict.fromkeys(tunable.node.get_name() for tunable in group_tunables)
+    position = {name: i for i, name in enumerate(names)}
+    runners = [_Runners(members[0]) for members in sharing.values()]
+    ops = [
+        _op_to_tune(
+            runner, key, [position[member.node.get_name()] for member in members]
+        )
+        for runner, (key, members) in zip(runners, sharing.items(), strict=True)
+    ]
+    device = group_tunables[0].node.get_device()
+    assert device is not None  # a collective node's output has a device
+    benchmarker = CollectiveBenchmarker(group_name, settings, device)
+    try:
+        agreed = benchmarker.run_batch(ops)
+    finally:
+        # The session is over: its inputs and outputs are not kept through
+        # the next group's session and the rest of the compile.
+        for runner in runners:
+            runner.release()
+    counters["collective_autotuning"]["shared"] += len(group_tunables) - len(sharing)
+    return {
+        member: _agreed_winner(member, op, outcome)
+        for members, op, outcome in zip(sharing.values(), ops, agreed, strict=True)
+        for member in members
+    }
 
 
 # --- what is benchmarked ------------------------------------------------------------

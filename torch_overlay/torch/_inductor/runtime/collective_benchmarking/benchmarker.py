@@ -134,7 +134,7 @@ from .decisions import (
     worth_storing,
 )
 from .groups import process_group_topology, resolve_group
-from .join import join
+from .join import join, Joined
 from .liveness import ensure_heartbeat
 from .reporting import describe, DecisionSource, explain, publish
 from .session import SessionRun
@@ -269,73 +269,21 @@ class CollectiveBenchmarker:
                 sorted(op.candidates, key=lambda c: not c.is_default) for op in ops
             ]
             joined = join(self, control, ops, ordered, remembered)
-            plans = [ordered[i] for i in joined.to_run]
-            prepare_errors: dict[tuple[int, int], BaseException] = {}  # filled below
-            run = SessionRun(
-                self.config,
-                self.device,
-                self.channel,
-                control,
-                [(ops[i].key, ordered[i]) for i in joined.to_run],
-                joined.excluded,
-                prepare_errors,
-                [_twin(candidates[0]) for candidates in plans],
-            )
-            # Compiled only now, and only what the group benchmarks and can
-            # run: an op that some member remembers is compiled by nobody, nor
-            # is a candidate disqualified before it runs (at the join, or
-            # unsafe on gloo: run.excluded, the same on every member).
-            to_prepare = [
-                ((position, index), candidate.name, candidate.prepare)
-                for position, candidates in enumerate(plans)
-                for index, candidate in enumerate(candidates)
-                if candidate.prepare is not None
-                and (position, index) not in run.excluded
-            ]
-            metadata: dict[str, Any] = {
-                "group": self.group_name,
-                "candidates": sum(len(candidates) for candidates in plans),
-            }
-            prepared = time.perf_counter()
-            with timed("compile", "prepare", **metadata):
-                prepare_errors.update(self._prepare(to_prepare))
-            compiled = time.perf_counter()
-            if to_prepare:
-                # Members compile for different times: the first warmup's
-                # collective, bounded by the timeout, must not wait for them.
-                with timed("ready", "presync", **metadata):
-                    control.barrier("ready", "the end of compiling the candidates")
-            results = run.run() if plans else []
-        decisions = []
+            results, twins, compile_s = self._benchmark(control, ops, ordered, joined)
+        decisions, sources = [], []
         untuned: list[str] = []  # why each op that tuned nothing did
         positions = {op: position for position, op in enumerate(joined.to_run)}
-        inductor_stats = counters["inductor"]
         for i, op in enumerate(ops):
             if i in positions:
                 decision = self._decide(
                     results[positions[i]],
                     has_default=ordered[i][0].is_default,
-                    twin=run.twin_results[positions[i]],
+                    twin=twins[positions[i]],
                 )
                 source = DecisionSource.BENCHMARKED
-                for result in decision.results:
-                    if result.status is not CandidateStatus.OK:
-                        inductor_stats[
-                            "collective_autotuning_disqualified_"
-                            + result.status.name.lower()
-                        ] += 1
             else:
                 decision = decision_cache.adopt(joined.adopted[i], op)
-                # The join hands back this member's own decision object when
-                # it was the one the group adopted.
-                source = (
-                    DecisionSource.ADOPTED
-                    if joined.adopted[i] is not remembered[i]
-                    else DecisionSource.CACHE_HIT
-                    if known is not None
-                    else DecisionSource.REMEMBERED
-                )
-                inductor_stats["collective_autotuning_decisions_adopted"] += 1
+                source = _adopted_source(joined.adopted[i], remembered[i], known)
             # Kept even when the default had no result, so that a recompile
             # in this process neither reruns the session nor warns again.
             decision_cache.remember(self, op, decision)
@@ -345,6 +293,8 @@ class CollectiveBenchmarker:
             ):
                 untuned.append(self._tuned_nothing(op, decision, notes))
             decisions.append(decision)
+            sources.append(source)
+        _count_decisions(decisions, sources)
         if untuned and self.config.strict:
             # Every member holds the same decisions: all raise together.
             raise CollectiveBenchmarkError(
@@ -352,15 +302,56 @@ class CollectiveBenchmarker:
                 + "\n(torch._inductor.config.collective_benchmark_strict is set)"
             )
         decision_cache.record(self, ops, decisions, same_code=joined.same_code)
-        inductor_stats["collective_autotuning_sessions"] += 1
-        stats = counters["collective_autotuning"]
-        stats["ops"] += len(joined.to_run)
-        stats["recalled"] += len(ops) - len(joined.to_run)
-        # The session besides compiling: joins, runs and agreements (float
-        # seconds in Dynamo's int-typed counters: see timing.timed).
-        session_s = time.perf_counter() - started - (compiled - prepared)
-        stats["session_s"] += session_s  # type: ignore[assignment]
+        _count_session(sources, time.perf_counter() - started - compile_s)
         return decisions
+
+    def _benchmark(
+        self,
+        control: ControlStore,
+        ops: Sequence[OpToTune],
+        ordered: Sequence[Sequence[Candidate]],
+        joined: Joined,
+    ) -> tuple[list[list[CandidateResult]], list[CandidateResult | None], float]:
+        # Compiles and runs, in control's session, the candidates of the ops
+        # that the join left to benchmark.  Returns each such op's results and
+        # its default twin's, and the seconds spent compiling.
+        plans = [ordered[i] for i in joined.to_run]
+        prepare_errors: dict[tuple[int, int], BaseException] = {}  # filled below
+        run = SessionRun(
+            self.config,
+            self.device,
+            self.channel,
+            control,
+            [(ops[i].key, ordered[i]) for i in joined.to_run],
+            joined.excluded,
+            prepare_errors,
+            [_twin(candidates[0]) for candidates in plans],
+        )
+        # Compiled only now, and only what the group benchmarks and can run:
+        # an op that some member remembers is compiled by nobody, nor is a
+        # candidate disqualified before it runs (at the join, or unsafe on
+        # gloo: run.excluded, the same on every member).
+        to_prepare = [
+            ((position, index), candidate.name, candidate.prepare)
+            for position, candidates in enumerate(plans)
+            for index, candidate in enumerate(candidates)
+            if candidate.prepare is not None and (position, index) not in run.excluded
+        ]
+        metadata: dict[str, Any] = {
+            "group": self.group_name,
+            "candidates": sum(len(candidates) for candidates in plans),
+        }
+        prepared = time.perf_counter()
+        with timed("compile", "prepare", **metadata):
+            prepare_errors.update(self._prepare(to_prepare))
+        compile_s = time.perf_counter() - prepared
+        if to_prepare:
+            # Members compile for different times: the first warmup's
+            # collective, bounded by the timeout, must not wait for them.
+            with timed("ready", "presync", **metadata):
+                control.barrier("ready", "the end of compiling the candidates")
+        results = run.run() if plans else []
+        return results, run.twin_results, compile_s
 
     def decision_context(self) -> tuple[str, str]:
         """What a decision depends on besides the candidates: the group and the settings.
@@ -498,3 +489,41 @@ def _twin(first: Candidate) -> Candidate | None:
     if not first.is_default:
         return None
     return Candidate(f"{first.name} (again)", first.fn, signature=first.signature)
+
+
+def _adopted_source(
+    adopted: CollectiveDecision,
+    remembered: CollectiveDecision | None,
+    known: Sequence[CollectiveDecision] | None,
+) -> DecisionSource:
+    # The join hands back this member's own decision object when it was the
+    # one the group adopted.
+    if adopted is not remembered:
+        return DecisionSource.ADOPTED
+    return DecisionSource.CACHE_HIT if known is not None else DecisionSource.REMEMBERED
+
+
+def _count_decisions(
+    decisions: Sequence[CollectiveDecision], sources: Sequence[DecisionSource]
+) -> None:
+    inductor_stats = counters["inductor"]
+    for decision, source in zip(decisions, sources, strict=True):
+        if source is not DecisionSource.BENCHMARKED:
+            inductor_stats["collective_autotuning_decisions_adopted"] += 1
+            continue
+        for result in decision.results:
+            if result.status is not CandidateStatus.OK:
+                inductor_stats[
+                    "collective_autotuning_disqualified_" + result.status.name.lower()
+                ] += 1
+
+
+def _count_session(sources: Sequence[DecisionSource], session_s: float) -> None:
+    counters["inductor"]["collective_autotuning_sessions"] += 1
+    stats = counters["collective_autotuning"]
+    benchmarked = sum(source is DecisionSource.BENCHMARKED for source in sources)
+    stats["ops"] += benchmarked
+    stats["recalled"] += len(sources) - benchmarked
+    # The session besides compiling: joins, runs and agreements (float
+    # seconds in Dynamo's int-typed counters: see timing.timed).
+    stats["session_s"] += session_s  # type: ignore[assignment]

@@ -374,24 +374,7 @@ def decide(
     (``NO_REFERENCE``) leaves the others screened against no reference.
     """
     if has_default and results[0].status is not CandidateStatus.OK:
-        default = results[0]
-        what = f"the default {default.name} {default.status.description}" + (
-            f" in {default.stage}" if default.stage else ""
-        )
-        if default.status is CandidateStatus.RAISED:
-            return Verdict(
-                None,
-                DecisionRule.DEFAULT_FAILED,
-                f"{what}: the op's own code failed where the program runs it, so "
-                "the benchmark, not a candidate, is at fault; nothing is tuned and "
-                "every rank uses the default",
-            )
-        return Verdict(
-            None,
-            DecisionRule.NO_REFERENCE,
-            f"{what}: no candidate can be screened or timed against it; nothing "
-            "is tuned and every rank uses the default",
-        )
+        return _without_default_result(results[0])
     times = [result.time_ms for result in results]
     index = pick_winner(times, tie_tolerance)
     if index is None:
@@ -424,6 +407,26 @@ def decide(
         f"the default stays: {results[index].name} was {summary}: within the "
         f"session's noise at {confidence:.0%} confidence",
         floor,
+    )
+
+
+def _without_default_result(default: CandidateResult) -> Verdict:
+    what = f"the default {default.name} {default.status.description}" + (
+        f" in {default.stage}" if default.stage else ""
+    )
+    if default.status is CandidateStatus.RAISED:
+        return Verdict(
+            None,
+            DecisionRule.DEFAULT_FAILED,
+            f"{what}: the op's own code failed where the program runs it, so "
+            "the benchmark, not a candidate, is at fault; nothing is tuned and "
+            "every rank uses the default",
+        )
+    return Verdict(
+        None,
+        DecisionRule.NO_REFERENCE,
+        f"{what}: no candidate can be screened or timed against it; nothing "
+        "is tuned and every rank uses the default",
     )
 
 

@@ -137,14 +137,7 @@ def join(
     op_digests = [digest(f"{op.key}|{op_identity(member, op)}") for op in ops]
     signatures = [[c.signature for c in candidates] for candidates in ordered]
     tuned = digest(f"{op_digests}|{member.config}|{signatures}")
-    posted: list[int] = []
-    for i, decision in enumerate(remembered):
-        if decision is None:
-            continue
-        held_by = control.claim(f"holder{i}", decision_cache.decision_digest(decision))
-        if held_by.rank == member.rank:
-            control.post(f"adopt{i}/{member.rank}", decision_to_json(decision))
-            posted.append(i)
+    posted = _offer_remembered(member, control, remembered)
     code = digest(repr([op.memo_key for op in ops]))
     control.count(f"code/{code}")
     control.count(f"digest/{tuned}")
@@ -162,26 +155,56 @@ def join(
     same_code = control.count(f"code/{code}", 0) == member.size
     joined = Joined([], {}, {}, same_code)
     for i in range(len(ops)):
-        # Read after the join: a lower rank may have claimed after this one.
-        claim = control.read_claim(f"holder{i}")
-        if claim is None:
+        adopted = _adopt_claimed(member, control, i, remembered[i], i in posted)
+        if adopted is None:
             joined.to_run.append(i)
-            continue
-        holder, memo = claim
-        if i in posted and holder != member.rank:
-            # A lower rank claimed after this one: its post is not read.
-            control.client.delete(f"{control.prefix}adopt{i}/{member.rank}")
-        control.delete_on_leave(f"adopt{i}/{holder}")
-        held = remembered[i]
-        if held is not None and memo == decision_cache.decision_digest(held):
-            joined.adopted[i] = held
         else:
-            joined.adopted[i] = decision_from_json(control.fetch(f"adopt{i}/{holder}"))
+            joined.adopted[i] = adopted
     for position, i in enumerate(joined.to_run):
         for index in range(len(ordered[i])):
             if (i, index) in excluded:
                 joined.excluded[(position, index)] = excluded[(i, index)]
     return joined
+
+
+def _offer_remembered(
+    member: Member,
+    control: ControlStore,
+    remembered: Sequence[CollectiveDecision | None],
+) -> list[int]:
+    # Claims each op this member remembers a decision for; the lowest rank
+    # holding one posts it for the others.  Returns the ops it posted.
+    posted = []
+    for i, decision in enumerate(remembered):
+        if decision is None:
+            continue
+        held_by = control.claim(f"holder{i}", decision_cache.decision_digest(decision))
+        if held_by.rank == member.rank:
+            control.post(f"adopt{i}/{member.rank}", decision_to_json(decision))
+            posted.append(i)
+    return posted
+
+
+def _adopt_claimed(
+    member: Member,
+    control: ControlStore,
+    i: int,
+    held: CollectiveDecision | None,
+    posted: bool,
+) -> CollectiveDecision | None:
+    # The decision the group adopts for op i, or None when no member holds one.
+    # Read after the join: a lower rank may have claimed after this one.
+    claim = control.read_claim(f"holder{i}")
+    if claim is None:
+        return None
+    holder, memo = claim
+    if posted and holder != member.rank:
+        # A lower rank claimed after this one: its post is not read.
+        control.client.delete(f"{control.prefix}adopt{i}/{member.rank}")
+    control.delete_on_leave(f"adopt{i}/{holder}")
+    if held is not None and memo == decision_cache.decision_digest(held):
+        return held
+    return decision_from_json(control.fetch(f"adopt{i}/{holder}"))
 
 
 def _reconcile(

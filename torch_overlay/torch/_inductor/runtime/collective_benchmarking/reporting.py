@@ -67,14 +67,7 @@ def explain(
     :func:`~.decisions.beats_default` compares them (``confidence`` is the
     session's).  A pure function of agreed data: the same on every rank.
     """
-    reference = next(
-        (
-            result
-            for result in decision.results
-            if result.name == default and result.status is CandidateStatus.OK
-        ),
-        None,
-    )
+    reference = _reference(decision, default)
     notes = []
     for result in decision.results:
         if result.status is not CandidateStatus.OK:
@@ -130,31 +123,7 @@ def publish(
     (``None`` when it has none), ``notes`` are :func:`explain`'s.  The
     payload is only built when a trace is written.
     """
-    reference = next(
-        (
-            result
-            for result in decision.results
-            if result.name == default and result.status is CandidateStatus.OK
-        ),
-        None,
-    )
-
-    def finite(value: float) -> float | None:
-        return value if math.isfinite(value) else None
-
-    def paired(result: CandidateResult) -> dict[str, object]:
-        # Against the default, for each other candidate that both completed.
-        if reference is None or result is reference:
-            return {}
-        if result.status is not CandidateStatus.OK:
-            return {}
-        comparison = compare_with_default(result, reference)
-        return {
-            "wins_against_default": comparison.wins,
-            "paired_runs": comparison.runs,
-            "p_value": comparison.p_value,
-            "median_advantage": comparison.advantage,
-        }
+    reference = _reference(decision, default)
 
     def payload() -> str:
         return json.dumps(
@@ -174,20 +143,7 @@ def publish(
                 "noise_floor": decision.noise_floor,
                 "timer": decision.timer or None,
                 "candidates": [
-                    {
-                        "name": result.name,
-                        "status": result.status.name.lower(),
-                        "status_per_rank": [
-                            report.status.name.lower() for report in result.reports
-                        ],
-                        "time_ms": finite(result.time_ms),
-                        "median_ms_per_rank": [
-                            finite(report.median_ms) for report in result.reports
-                        ],
-                        "attempts": result.attempts,
-                        "why": note,
-                        **paired(result),
-                    }
+                    _candidate_payload(result, note, reference)
                     for result, note in zip(decision.results, notes, strict=True)
                 ],
             }
@@ -234,3 +190,50 @@ def describe(
             f"attempts={result.attempts}  {per_rank}"
         )
     return "\n".join(lines)
+
+
+def _reference(
+    decision: CollectiveDecision, default: str | None
+) -> CandidateResult | None:
+    # The default's result, when it completed: what the others are paired with.
+    return next(
+        (
+            result
+            for result in decision.results
+            if result.name == default and result.status is CandidateStatus.OK
+        ),
+        None,
+    )
+
+
+def _finite(value: float) -> float | None:
+    # JSON has no infinity: a candidate without a time has none.
+    return value if math.isfinite(value) else None
+
+
+def _candidate_payload(
+    result: CandidateResult, note: str, reference: CandidateResult | None
+) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "name": result.name,
+        "status": result.status.name.lower(),
+        "status_per_rank": [report.status.name.lower() for report in result.reports],
+        "time_ms": _finite(result.time_ms),
+        "median_ms_per_rank": [_finite(report.median_ms) for report in result.reports],
+        "attempts": result.attempts,
+        "why": note,
+    }
+    # Against the default, for each other candidate that both completed.
+    if (
+        reference is not None
+        and result is not reference
+        and result.status is CandidateStatus.OK
+    ):
+        comparison = compare_with_default(result, reference)
+        entry.update(
+            wins_against_default=comparison.wins,
+            paired_runs=comparison.runs,
+            p_value=comparison.p_value,
+            median_advantage=comparison.advantage,
+        )
+    return entry
