@@ -1,41 +1,10 @@
 """Cached programs replayed through the sessions their compile took part in.
 
-A program that Inductor's FX graph or AOTAutograd cache returns carries the
-sessions its compile took part in (:class:`RecordedSession`, recorded by
-:func:`recorded_sessions`).  Before it runs, its rank takes part in the same
-sessions again (:func:`replay_sessions`) with the program's decisions, so
-that a rank that misses the cache and compiles meets, in the same join,
-every rank that hit it.  When the group agrees on the program's decisions it
-runs; when it agrees on others (another member's decision was claimed), the
-rank compiles the graph again and that compile adopts the agreed decisions
-without meeting the group a second time.  Graphs whose compile tuned no
-collective choice record no session and replay nothing: they pay no
-exchange.
-
-A rank on its way to a replay is waited for like any straggler: its
-heartbeat (``collective_benchmarking/liveness.py``) starts when the cache key of a graph
-that calls an op registered for autotuning is computed (``codecache``), so
-the ranks that compile see it alive while it looks the program up, fetches
-it from a remote cache and reloads its kernels.  Caches that a cluster
-shares make that skew the normal case: a remote lookup that fails is a
-miss on that rank alone, and another job may write an entry between two
-ranks' lookups.  A stored decision that cannot be read (torn by a crash, or
-by a writer on shared storage) is a miss, never an error.
-
-A cached program serves the process groups it was compiled for and, when
-its code depends on the rank, that rank only (:func:`serves_this_process`,
-which the FX graph cache applies to every entry under a key before using
-it).  The candidates are traced for their group's topology (a world size
-read while tracing is a constant of the program) and may read the rank
-(which slot or shard is this rank's).  The cache key covers the topology of
-the groups the candidates can reach by name
-(``custom_op_fingerprint.autotuning_process_groups``), not the rank, so that
-one program serves every rank of a job; a program records the topology of
-the groups its sessions ran on, and the rank it was compiled on when the
-join found the candidates' traced code different between members.  The
-ranks of a node sharing a cache directory then each find their own entry
-under the key of a program whose code depends on the rank, and share the
-entries of any other.
+Before a cached program runs, its rank takes part again in the sessions its
+compile recorded (:func:`replay_sessions`), so that a rank that misses the
+cache meets every rank that hit it in the same join.  Which programs serve
+which process: :func:`serves_this_process`.  The design:
+``docs/modules.md``, "cache_hits.py".
 """
 
 from __future__ import annotations

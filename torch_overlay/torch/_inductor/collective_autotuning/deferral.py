@@ -1,111 +1,12 @@
-"""Deferred autotuning of custom ops whose implementations contain collectives.
+"""Deferred autotuning (V2) of custom ops whose implementations contain collectives.
 
-Two paths
----------
-A custom op registered with ``register_custom_op_autotuning`` is tuned when
-Inductor lowers it.  When its implementations contain collectives, every rank
-of the op's process group must benchmark them together and pick the same one
-(see ``torch/_inductor/runtime/collective_benchmarking/benchmarker.py`` for the protocol).
-Inductor can do this at two points:
-
-* **At lowering (V1).**  ``select_algorithm`` benchmarks the op on the spot, in
-  a session of its own, and the winner's graph is inlined.  A graph with ``n``
-  such ops pays ``n`` joins, and each choice is timed alone, blind to the
-  pointwise ops that follow it and that it may fuse with.
-* **In the scheduler (V2, this module).**  The lowering returns a
-  :class:`~torch._inductor.ir.CollectiveMultiTemplateBuffer` holding every
-  candidate, the eager default included.  When the scheduler is built, before
-  any scheduler node exists, :func:`finalize_collective_multi_template_buffers`
-  collects these nodes, runs one session per process group (one pre-sync,
-  which also checks that every rank holds the same ordered list of nodes), and
-  benchmarks the group's nodes as one batch.  Where the candidates' tails
-  meet the node's pointwise *epilogue* (``epilogue.py``: the
-  chain of pointwise single users that follows it in the graph) differently,
-  some fusing with it and others not, each candidate is timed together with
-  it, so that a candidate whose tail fuses with it is timed fused; otherwise
-  the epilogue cannot change their order, and they are timed alone, as V1
-  times them.  The winner's graph is then inlined in place of the node
-  (``inlining.py``), and ordinary fusion fuses its tail with the
-  epilogue.
-
-``torch._inductor.config.defer_collective_autotuning`` (env
-``TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING``, on by default) selects V2.  V1
-still applies when it is off, and under
-``test_configs.force_custom_op_decomposition``.
-
-Why before fusion, not in ``finalize_multi_template_buffers``
--------------------------------------------------------------
-``Scheduler.finalize_multi_template_buffers`` runs after fusion: a template
-choice can be swapped in under an already fused kernel because a template
-renders its own kernel.  A collective choice is a graph of ops, and its tail
-fuses with the epilogue only if those ops exist when fusion runs.  The
-collective nodes are therefore finalized at the start of scheduling, from the
-graph's operations, which is also the last point where every rank holds the
-whole list of them.
-
-Dynamic shapes
---------------
-The node's layout is the op's own output layout on the graph's inputs
-(symbolic sizes where the graph has them, from the op's fake implementation,
-as the eager default's), not a candidate's, which is inferred on size hints.
-Candidates are benchmarked at the size hints, as V1 benchmarks them, and the
-winner's graph, traced on the symbolic inputs, is inlined: the compiled
-program is exact for every size.  The hinted shapes of the benchmark inputs
-are part of each op's key at the join, so ranks whose hints differ (they
-would benchmark collectives of different sizes) fail there, on every rank,
-instead of running mismatched collectives.
-
-Range dispatch
---------------
-An op registered with ``dispatch_on`` and ``split_points`` needs a winner per
-range of sizes.  Its lowering returns one node holding every range's choices
-(each range's benchmark inputs have the top of the range as the dispatched
-dimension) and a :class:`RangeDispatch`.  Each range is one decision of the
-group's session, with the range in its key and its tuning key (two ranges
-are never "identical nodes"); the winners are then handed to the dispatch's
-``lower``, which inlines the single winner or builds a ``torch.cond``
-dispatch, in the node's place.  The runtime choice depends on the size alone,
-so every rank runs the same implementation for the same size.  Ranges are
-timed without the epilogue: a winner inside a ``torch.cond`` branch cannot
-fuse with what follows the dispatch.
-
-Identical nodes are tuned once
-------------------------------
-A tensor-parallel model repeats the same collective op once or twice per
-layer.  Nodes of a group with equal *tuning keys* share one benchmark and one
-decision: the key is what timing can depend on, namely each choice's
-identity (its graph or kernel, input layouts and config patches, see
-``choices_identity``), the epilogue's structure (its ops, their arguments,
-the layouts of its other inputs) and the range.  Scalar constants of
-pointwise arithmetic (``y * 0.5 + i``) are left out: the generated code does
-the same work whatever their value.  The key is computed from the graph
-alone, so every rank groups the nodes alike; one node per key is benchmarked,
-and its candidates are only traced, compiled and given inputs then.  The
-benchmarker also remembers agreed decisions for the rest of the process
-under the same key: a later graph (or a V1 op, for a node without an
-epilogue, which measures the same thing) adopts one when a rank of the group
-remembers it, and the group benchmarks it together otherwise.  A key holds
-symbolic sizes as they are: a decision measured at one size hint is adopted
-by the same symbolic program at another, as under V1.
-
-Candidates are compiled when the scheduler is built, not while the node is
-lowered: a candidate is compiled by a nested Inductor compilation, which
-uses the graph-lowering state (``V.graph`` and friends) of the thread that
-runs it, so it cannot overlap the lowering of the enclosing graph in another
-thread, and compiling at lowering time would compile nodes that the tuning
-key later shows to be duplicates.
-
-Agreement
----------
-Every rank builds the same list from the same program, so the per-group node
-lists agree unless the programs differ (a recompilation on one rank, a
-different graph break, cache skew, different size hints).  The pre-sync
-compares a compact key per benchmarked decision (the op, its input shapes
-and benchmark shapes, its range, its candidates and its epilogue); when the
-lists differ, every rank of the group raises ``CollectiveBenchmarkError``
-naming the first differing one; none falls back alone.  Groups are finalized
-in the order of their names, the same on every rank, so a rank that is a
-member of several groups cannot wait for a peer that waits for it.
+The lowering returns a :class:`~torch._inductor.ir.CollectiveMultiTemplateBuffer`
+holding every candidate.  :func:`finalize_collective_multi_template_buffers`,
+the first step of building the scheduler, runs one session per process group
+over the graph's nodes, in group-name order, and inlines each agreed winner
+before fusion, so that its tail fuses with the epilogue it was timed with.
+Why before fusion, dynamic shapes, range dispatch and identical nodes:
+``docs/modules.md``, "deferral.py".
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Exact-equivalent implementations of the collectives, to autotune among.
 
-The building blocks of tensor parallelism (all_reduce, all_gather,
-reduce_scatter, all_to_all) can each be computed in several ways from the
-functional collectives (``torch.ops._c10d_functional``).  Which way is fastest
-depends on the size (latency-bound or bandwidth-bound), the world size, the
-backend and the interconnect, and is best found by measuring; this module
-lists such ways and registers them for a custom op's autotuning in one call::
+Registers several ways to compute all_reduce, all_gather, reduce_scatter or
+all_to_all from the functional collectives for a custom op's autotuning, in
+one call::
 
     @torch.library.custom_op("mylib::all_reduce", mutates_args=())
     def all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor: ...
@@ -13,37 +10,10 @@ lists such ways and registers them for a custom op's autotuning in one call::
 
     register_collective_implementations(all_reduce, "all_reduce")
 
-Every rank of the group then benchmarks the implementations together and
-picks the same one (see ``torch/_inductor/runtime/collective_benchmarking/benchmarker.py``).
-
-Conventions.  An implementation takes ``(x, group_name)`` (and, for some,
-parameters given at registration) and returns what the collective over
-``group_name`` returns, along dim 0 as the ``*_into_tensor`` functional
-collectives do: all_gather concatenates the ranks' inputs, reduce_scatter
-gives rank ``r`` the sum of every rank's ``r``-th slice of dim 0, all_to_all
-gives rank ``r`` every rank's ``r``-th slice, in rank order; sums only.  The
-group is named, not captured, so that the op serves every tensor-parallel
-group and the autotuner reads the group from the implementations' graphs.
-Implementations that need a size divisible by the world size pad and unpad.
-
-Exactness.  Every implementation moves the same values; those that reduce
-add them in another order than the backend does (a ring all-reduce, a local
-sum over gathered inputs).  Integer sums, and float sums that are exact
-(integers below 2**24 in float32, for instance), are therefore bitwise equal
-across implementations; other float sums differ by rounding, at most about
-``world_size - 1`` units in the last place of the sum.  Implementations that
-only move data are bitwise equal, except ``all_gather`` through ``all_reduce``,
-which adds zeros: it turns ``-0.0`` into ``+0.0``.
-
-Chunking follows the bounded pipeline of PCCL-style collectives: a large
-tensor is cut in ``chunks`` pieces with at most ``in_flight`` collectives
-outstanding, which bounds the memory held by in-flight buffers and lets the
-transfer of one piece overlap the wait for another.  On a gloo group a
-chunked implementation keeps one collective in flight whatever
-``in_flight`` says: two finishing together on one gloo group can corrupt
-the heap (see "Memory safety on gloo" in
-``torch/_inductor/runtime/collective_benchmarking/benchmarker.py``), and the autotuner
-disqualifies, on gloo, any candidate whose graph keeps more than one.
+An implementation takes ``(x, group_name)`` and returns what the collective
+returns along dim 0; sums only.  On a gloo group a chunked implementation
+keeps one collective in flight.  Conventions, exactness and chunking:
+``docs/modules.md``, "collective_implementations.py".
 """
 
 from __future__ import annotations
@@ -130,7 +100,7 @@ def _pipelined(
 ) -> list[torch.Tensor]:
     # Issue one collective per piece, waiting for the oldest whenever
     # in_flight of them are outstanding; results in order.  One at a time on
-    # gloo (see the module docstring).
+    # gloo (see "Memory safety on gloo" in benchmarker.py).
     if pieces and _backend(group_name, pieces[0].device) == "gloo":
         in_flight = 1
     pending: list[torch.Tensor] = []

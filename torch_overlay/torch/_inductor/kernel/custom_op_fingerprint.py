@@ -1,36 +1,12 @@
 """What a custom op's autotuning registration is, as a digest that survives the process.
 
-``register_custom_op_autotuning`` makes an op's implementations part of every
-program that contains the op: the winner is inlined.  Caches that keep
-compiled programs (the FX graph cache, the AOTAutograd cache, which reuses
-the former's key) or decisions (collective autotuning's) must therefore miss
-when the registered implementations change, and hit when the same
-registration is made again in a new process.  Object identity does neither;
-this module describes a registration by what it would run:
-
-* each implementation's qualified name and code: its bytecode, constants and
-  names, recursively into nested functions and into the functions of its own
-  module that it calls; its default arguments; the values its closure
-  captured; for a ``functools.partial``, the function and the bound
-  arguments;
-* each config's parameters and ``config_patches``, in order;
-* the op's own implementation (the default candidate) when the op is a
-  ``torch.library.custom_op``, and the other registration arguments.
-
-Values are described by their content where it is stable across processes
-(numbers, strings, containers, dtypes, small tensors) and by their type
-otherwise, never by ``repr`` (which may print an address).  A change that the
-digest cannot see (a global value an implementation reads, a function of
-another module it calls) is not a change of the registration: such state
-belongs in the op's arguments or in ``config_patches``.
-
-A registration's implementations are traced during lowering, for the process
-groups of the job: ``dist.get_world_size()`` or a group's ``size()`` read while
-tracing is baked into the program (``all_gather_into_tensor(x, 3, "0")``).  So
-the key of a program also holds the topology (name, size, global ranks) of
-the groups its autotuned ops may run collectives on, see
-:func:`autotuning_process_groups`: a relaunch at another size compiles again,
-one at the same size hits.
+Caches of compiled programs and of decisions must miss when an op's
+registered implementations change and hit when the same registration is made
+again in a new process.  This module describes a registration by what it
+would run (each implementation's code, defaults, captured values and bound
+arguments, its configs), and a program by the topology of the groups its
+candidates can reach (:func:`autotuning_process_groups`).  What the digest
+sees and what it does not: ``docs/modules.md``, "custom_op_fingerprint.py".
 """
 
 from __future__ import annotations
@@ -212,7 +188,7 @@ def _callable(fn: Any, seen: set[int]) -> Any:
 
 
 def callable_fingerprint(fn: Callable[..., Any]) -> str:
-    """A digest of what ``fn`` runs (see the module docstring); equal across processes."""
+    """A digest of what ``fn`` runs (see ``docs/modules.md``); equal across processes."""
     return _digest(_callable(fn, set()))
 
 

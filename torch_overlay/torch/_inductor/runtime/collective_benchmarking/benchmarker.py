@@ -1,77 +1,12 @@
 """Rank-consistent benchmarking of autotuning choices that contain collectives.
 
-Why this module exists
-----------------------
-Inductor can autotune a custom op among several user-registered implementations
-(``register_custom_op_autotuning``).  When those implementations contain
-collectives (all_reduce, all_gather, reduce_scatter, all_to_all), benchmarking
-them is a distributed protocol: every rank of the op's process group must run
-each candidate the same number of times, in the same order, leave with the same
-timings and pick the same winner.  Ranks that disagree compile programs that
-issue different collectives: a hang, or silently wrong results.  The governing
-rule is the one Dynamo's compiler collectives follow: a compile-time decision
-that changes which collectives run is taken collectively, never by one rank.
-
-History
--------
-The first version lived in ``select_algorithm.py``.  It was CUDA-only (CUDA
-events, a reduction tensor on ``cuda:{rank}``), used the default process group
-whatever group the op ran on, averaged per-rank means, and on any failure made
-the failing rank alone stop benchmarking and fall back, while its peers waited
-for it in a collective.  On CPU/gloo every candidate failed and nothing was
-tuned.  A second version synchronized every candidate twice (a status
-all-reduce before its timed runs, an all-gather of its result after them) and
-declared a member lost one timeout after it stopped reporting, whether it was
-dead or only slow; a third polled the store member by member, and beat a
-heartbeat for the life of the process.
-
-The modules
------------
-This one runs a *session* over a group, from the join to the decision
-(:class:`CollectiveBenchmarker`), and holds the public API; the package's
-``__init__.py`` lists the modules under it, from the bottom up.
-
-The protocol
-------------
-:class:`CollectiveBenchmarker` runs sessions over a group: one per op when ops
-are tuned while they are lowered (V1, :meth:`~CollectiveBenchmarker.run`), one
-per group and graph when the scheduler tunes a graph's collective ops together
-(V2, :meth:`~CollectiveBenchmarker.run_batch`; see
-``torch/_inductor/collective_autotuning/deferral.py``).  A session:
-
-1. **Join (the pre-sync)**, ``join.py``.  One rendezvous over the
-   store.  Every member counts itself under a digest of what it tunes: the
-   ops' keys, their candidates' names and roles, the group, the settings,
-   and each candidate's *collective signature* (the collectives its graph
-   issues).
-   When the digests are not all equal, the members exchange the details: ops
-   that differ are an error on every member, naming the first differing op;
-   a candidate whose signature differs between members (it would issue
-   different collectives on different ranks, a desynchronizing bug of its
-   own) is disqualified on every member without running, and the others
-   still compete.  Each member also claims, per op, the decision it
-   remembers: an op that any member remembers is adopted by every member
-   (see ``decision_cache.py``); the others are benchmarked.
-2. **Prepare.**  Every member compiles the candidates of the ops the group
-   benchmarks, and only those that can run (an op that any member remembers
-   is compiled by none, nor is a candidate disqualified at the join or, on
-   gloo, for keeping several collectives in flight), then meets the others
-   in a second rendezvous (*ready*): the members compile for different
-   times, and the first warmup's collective, bounded by the timeout, must
-   not wait for a peer still compiling (a peer that compiles beats, and is
-   waited for).
-3. **Benchmark** (``session.py``): warmups with screening, timed
-   runs interleaved, one exchange and one commit; failures agreed over the
-   store.
-4. **Decision** (``decisions.py``).  A candidate qualifies when
-   every member ran it without error and with a correct result.  Its time in
-   a run is the slowest member's (a collective completes when its slowest
-   participant does) and its time is the median over the runs.  Among the
-   qualified, candidates within ``tie_tolerance`` of the fastest are tied
-   and the first of them in preference order wins.  *Do no harm*: a winner
-   other than the default must also beat the default beyond the session's
-   noise, or the default stays.  When nothing qualifies every member uses
-   the default.
+Every rank of an op's process group benchmarks the candidates in lock-step,
+leaves with the same timings and picks the same winner; a failure on any
+rank is agreed by every rank, and no rank decides alone.
+:class:`CollectiveBenchmarker` runs a *session* over one group: the join
+(``join.py``), compiling the candidates, the runs (``session.py``) and the
+decision (``decisions.py``).  The protocol, its history and its counters:
+``docs/modules.md``, "benchmarker.py".
 
 Memory safety on gloo
 ---------------------
@@ -99,17 +34,6 @@ library's pipelined implementations keep one collective in flight on gloo
 (``kernel/collective_implementations.py``), and the protocol's own
 collectives are issued one at a time.  The op's eager implementation has no
 graph to read: it is what the program runs untuned anyway.
-
-Every step is bounded: by ``collective_benchmark_timeout`` for a member that
-shows no sign of life, by ``collective_benchmark_max_wait`` for one that is
-alive but absent (see ``control.py``).  Seconds spent per step are
-added to ``torch._dynamo.utils.counters["collective_autotuning"]``:
-``presync_s`` in joins (mostly waiting for the slowest member to finish
-compiling), ``sync_s`` in the exchange, the commit and failure agreements,
-``warmup_s`` and ``timed_s`` in the candidates' runs, ``prepare_s`` in
-compilation (of which ``build_wait_s`` waiting for kernel builds that the
-lowering of every candidate left running); ``presync`` counts joins, ``exchanges`` exchanges and
-``sync_collectives`` the collectives the protocol issued itself.
 """
 
 from __future__ import annotations
@@ -196,8 +120,8 @@ class CollectiveBenchmarker:
         """Benchmark the candidates of several ops in one session; one decision per op.
 
         Every member of the group must call it with the same ops in the same
-        order.  The session has one join (the *pre-sync*, see the module
-        docstring), which checks that every member holds the same ops and
+        order.  The session has one join (the *pre-sync*, see
+        ``join.py``), which checks that every member holds the same ops and
         candidates.  Each op's candidates are benchmarked in preference order
         (its default first, then the given order); at most one candidate per
         op may be the default, and its first output is the reference against

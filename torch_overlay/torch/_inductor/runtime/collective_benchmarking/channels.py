@@ -2,87 +2,12 @@
 
 Candidates never run on the user's process group while they can fail.  Each
 group that tunes gets a *benchmark channel*: a process group over the same
-ranks, built on a fresh prefix of the job's store and registered under the
+ranks, built on a fresh prefix of the job's store, and registered under the
 group's name while candidates run (:func:`registered_as`), so that their
-functional collectives, which resolve their group by name, run on it.
-
-Why a channel that failed is dropped, never reused: neither backend can take
-part in another collective after one did not complete.
-
-* gloo: a rank that times out closes its connections to the late peer (the
-  late peer then fails with "Connection closed by peer"), and a rank that
-  skipped a collective leaves its peers' tags out of step; the channel is
-  dead either way.  Dropping a gloo group closes its sockets, which is how a
-  failing rank wakes its peers within milliseconds.
-* NCCL: a collective that does not complete leaves a kernel spinning on the
-  device; the communicator must be aborted (``ncclCommAbort``) and rebuilt.
-  The channel's own timeout is twice the benchmark timeout so that the
-  protocol aborts first and the NCCL watchdog does not tear the process
-  down.
-
-A gloo channel has gloo's two worker threads, as the job's groups have: with
-one, a small collective took 2 to 4 times as long here (two ranks, 240
-floats), which would time candidates on another footing than the program.
-Two threads can run two collectives of the group at once, which is unsafe on
-gloo (see "Memory safety on gloo" in ``benchmarker.py``): a
-candidate that keeps several in flight never runs on a gloo channel unless
-``collective_benchmark_allow_gloo_overlap`` is set, and the protocol issues
-its own collectives one at a time.
-
-A gloo channel connects its ranks while it is built; once every member has
-built it, the last one deletes the rendezvous keys it used from the store
-(an NCCL channel connects at its first collective and keeps them).
-
-A channel is a process group as c10d builds the user's, over the same
-ranks: every device type the group serves gets the same c10d backend,
-made by the creator c10d registered for it (``Backend._plugins``, as
-``_new_process_group_helper`` makes it), with the group's bound device.  A
-``cpu:gloo,cuda:nccl`` group, what ``init_process_group()`` without a
-backend makes on a GPU machine, gets a ``cpu:gloo,cuda:nccl`` channel; a
-``gloo`` group serves CUDA tensors too, and so does its channel.  While the
-candidates run (:func:`registered_as`), the channel also stands in the
-user's group's place in c10d's tables (``_world``), so that c10d calls that
-look a group up (``get_rank(group)``, ``get_backend(group)``, and the
-logger around every failing collective, which calls them) work on it, and
-a failing collective raises its own error, not a lookup's.
-
-The store a channel's backends rendezvous on is kept as long as the
-channel: c10d holds only the C++ part of a store written in Python (the
-one that records gloo's keys), and NCCL connects at its first collective.
-NCCL's keys stay in the store with the channel, which is built once per
-group and process and reused while healthy.
-
-Why not ``dist.new_group`` or ``dist.split_group`` (torch 2.15), which build
-and register a group, and give it ``abort()`` and ``shutdown()``, nor
-``_new_group_with_tag`` as ``distributed_autotune.get_autotune_pg`` uses it
-(one group for every rank of the job, built eagerly):
-
-* ``new_group`` without ``use_local_synchronization`` and
-  ``_new_group_with_tag`` must be called by every rank of the job, but only
-  the members of the group that tunes take part in a session; all of them,
-  ``split_group`` too, name the group through ``_process_group_name``,
-  which advances ``_world.group_count`` (on both of its paths, in 2.15) on
-  the calling ranks only: the ranks that tune would name the groups the
-  program creates afterwards differently from the ranks that do not (other
-  groups, or a cache hit), and a group's name is in the program's cache
-  keys;
-* ``new_group`` splits an NCCL communicator from the default group's when
-  the job bound a device (``init_process_group(device_id=...)``), and
-  ``split_group`` splits the user's group's: both are collectives over
-  ranks that may not take part in the session, or that died after the
-  join; the store rendezvous below is bounded by the protocol's timeout;
-* a group in ``_world`` is the user's to enumerate and destroy
-  (``destroy_process_group()`` walks them all); a channel is private to
-  the protocol, which drops it when a collective on it fails.
-
-A channel is dropped as ``destroy_process_group`` would drop it (aborted
-when it has a backend other than gloo), and shut down at exit and when the
-job's default store is released (``destroy_process_group()``).
-
-Collectives an implementation issues through a ``ProcessGroup`` object it
-captured (rather than through a group name) run on that group, not on the
-channel: the protocol cannot fail them by dropping the channel (see the
-liveness rules in ``control.py``).
+functional collectives, which resolve their group by name, run on it.  A
+channel on which a collective failed is dropped, never reused.  Why, and why
+not ``new_group`` or ``split_group``:
+``docs/modules.md``, "channels.py".
 """
 
 from __future__ import annotations

@@ -1,75 +1,10 @@
 """The control plane of collective benchmarking: agreement over the store.
 
-``benchmarker.py`` runs the protocol; this module holds what it
-stands on when the data plane cannot be trusted.  One ``TCPStore`` serves
-every rank of a torchrun job, so what a rank asks of it is kept near zero:
-nothing while no session or compile that may tune is in flight, a handful of
-requests per session, and requests that grow neither with the number of
-members nor with the time spent waiting for one of them.  The control plane
-is three modules, each depending only on the ones before it:
-
-* ``store.py``: the connection to the store, which counts every
-  request, and the keys that liveness and agreement share;
-* ``liveness.py``: every process's heartbeat, and what it reads
-  of the member it watches (see its docstring);
-* this module: the session's rendezvous, and the rules by which a watching
-  member gives up on the member a rendezvous waits for.
-
-The rest of the protocol imports what it uses of each from the module that
-defines it.
-
-Agreement
----------
-:class:`ControlStore` gives a session bounded rendezvous over the store.  Each
-member counts itself in with one ``add``; the member that completes the count
-sets the rendezvous' ``done`` key; every other member blocks in one ``wait``
-on it.  Values travel in one append-only log per rendezvous (read once, when
-complete), in counters, or in compare-and-set claims: no member reads the
-others one by one in the happy path.
-
-Each member's liveness thread reads the status of *one* other member, its
-successor in the group's ring (the next rank), once per beat interval while
-its session is open; while the member waits in a rendezvous it applies the
-rules below to what it read.  Any member that does not arrive is the
-successor of a member that did, or of one that did not, and so on back to
-the first member that waits: some member watches it.  When a rule fires, the
-watcher gives the rendezvous its *verdict*, by compare-and-set on the
-rendezvous' ``verdict`` and ``done`` keys: the first verdict is the one every
-member raises, and a member arriving later raises it at once.  A member is
-given up on when
-
-* it compiles or has a session open, but its counter has not advanced for
-  ``collective_benchmark_timeout`` (dead, or wedged);
-* it was woken and has not beaten within a timeout (dead, or wedged);
-* it has waited in a collective for longer than the timeout while its peers
-  wait in a *failure agreement* of the session it is in: they have left the
-  step that collective belongs to, so it cannot complete (it is not on the
-  session's channel, whose failure would have failed it).  The watcher wakes
-  such a member, which then reads the collective from c10d's FlightRecorder
-  (``liveness.pending_collective``) and publishes it with its beats;
-* it runs compiled code (``idle``) and compiled the waiting member's frame
-  before, fewer times: the waiting member recompiled alone (a guard failed on
-  it only).  This verdict is also sent to every member's ``wake`` key, where
-  its listener logs it: a rank blocked in a collective of its compiled code
-  cannot raise, but its log says why;
-* it is alive but still absent after ``collective_benchmark_max_wait``.
-
-Requests
---------
-A member arriving at a rendezvous makes one ``add``, one ``wait`` (or, when it
-completes the count, one ``compare_set``) and one ``get``; a value costs one
-``append`` or ``add`` more and one read of the log.  During a session a member
-beats and reads one status per beat interval; a member that waits for an
-idle peer, or for a peer of its session in a failure agreement, wakes it
-once per half timeout.  A session deletes its keys when
-every member has left it (the member that leaves last deletes them); what
-stays in the store is one status key per process, and after a failure the
-keys of the failed session.  Outside sessions and compiles a process makes
-no request; its one blocked ``wait`` is re-issued once a day.
-:data:`store_requests` counts every request the control plane makes, by kind.
-
-Nothing here is a collective: every call on the store is a point-to-point
-request to the store's server, which does not depend on any channel.
+:class:`ControlStore` gives a session bounded rendezvous over the job's
+store, and the rules by which a watching member gives up on the member a
+rendezvous waits for.  Nothing here is a collective: every call is a
+point-to-point request to the store's server.  The rules, the keys and the
+requests per session: ``docs/modules.md``, "control.py".
 """
 
 from __future__ import annotations
@@ -127,7 +62,8 @@ class ControlStore:
 
     Every member of the session's group constructs it with the same
     ``prefix`` (unique to the session) and makes the same calls in the same
-    order.  See the module docstring for the keys and the requests.
+    order.  The keys and the requests:
+    ``docs/modules.md``, "control.py".
     """
 
     def __init__(
@@ -307,7 +243,8 @@ class _Watcher:
     Kept apart from :class:`ControlStore`, whose calls the main thread makes:
     these run on the liveness thread, once per beat interval while a
     rendezvous is waited in, and read only what that thread observed of the
-    watched member.  The rules are listed in the module docstring.
+    watched member.  The rules: ``docs/modules.md``,
+    "control.py".
     """
 
     def __init__(self, control: ControlStore) -> None:

@@ -1,38 +1,9 @@
 """Agreed decisions remembered, and the sessions each compiled program took part in.
 
-A collective autotuning decision is remembered under its op's ``memo_key``
-(what is measured: the candidates' code and input layouts, and what each is
-timed with), the group's name, size, global ranks and backend, and the
-settings that change a decision: in the process, and on disk in the
-session's ``decision_dir`` (Inductor's adapters give ``collective_decisions/``
-of its cache directory, under ``autotune_local_cache``), so that a restarted
-job does not tune again.  Each rank has a cache of its own (one
-per node, or per rank), so ranks can remember different things: one node's
-cache emptied, a decision made when only some ranks' files survived.  Two
-designs keep a group together:
-
-* *re-tune when anyone forgets*: simple, but every rank pays a full session
-  for one replaced node, and the new decision may differ from the one the
-  warm ranks' cached programs were compiled with, which then have to be
-  thrown away too;
-* *adopt an agreed decision*: what the join does.  An op that any member
-  remembers takes the decision of the member that claims it first in the
-  store; the others fetch it.  Every remembered decision was agreed by a
-  whole group when it was made, so adopting it is as rank-consistent as
-  re-deciding, costs one store round trip instead of a compile and a
-  benchmark, and leaves the warm ranks' programs valid.  It is verified
-  first: every member's digest of the op (its key, its candidates and their
-  roles, the group and the settings) must be the same, so a decision is only
-  adopted for the same measurement.  The memo key itself is compared by no
-  one: it may hold rank-dependent constants of a candidate's traced code, so
-  each rank remembers under its own.
-
-A program that Inductor's FX graph or AOTAutograd cache returns carries the
-sessions its compile took part in (:class:`RecordedSession`, recorded by
-:func:`recorded_sessions`); ``collective_autotuning/cache_hits.py`` replays them before
-the program runs, and hands the compile that replaces a program whose
-decisions the group did not agree on the decisions it did agree on
-(:func:`pre_agree`, :func:`take_pre_agreed`).
+A decision is remembered, in the process and in the session's
+``decision_dir``, under its op's ``memo_key``, the group and the settings;
+an op that any member remembers is adopted by every member at the join.
+Why adopt rather than re-tune: ``docs/modules.md``, "decision_cache.py".
 """
 
 from __future__ import annotations

@@ -1,46 +1,10 @@
 """The join of a collective autotuning session: the pre-sync.
 
-Why a module of its own
------------------------
-The join is the one step of a session whose outcome is not a timing: it
-decides *what* the session does (which ops are benchmarked, which are
-adopted from a member's memory, which candidates are disqualified before
-running) and whether it may go on at all.  It is also the step that an
-unhealthy job reaches first, so its error messages are the ones users read.
-It is kept apart from the session's sequencing
-(:class:`~torch._inductor.runtime.collective_benchmarking.benchmarker.CollectiveBenchmarker`)
-so that its rules can be read, and simulated, on their own
-(``scripts/bench_collective_control.py`` runs it for a thousand simulated
-ranks without a process group).
-
-What the join agrees on
------------------------
-Every member counts itself under a digest of what it tunes: each op's key
-and :func:`op_identity` (its candidates by name and role, the group and the
-settings), the settings, and each candidate's collective signature.  Equal
-digests on every member, the common case, cost one rendezvous.  Otherwise
-the members post their details and read everyone's (``_reconcile``): ops or
-settings that differ are an error on every member, naming the first
-differing op, since pairing the wrong rounds would hang or corrupt; a
-candidate whose signature differs between members would issue different
-collectives on different ranks, and is disqualified on every member without
-running, while the others still compete.
-
-Each member also claims, per op, the decision it remembers (see
-``decision_cache.py``): the lowest-ranked claimant posts its
-decision, and an op that any member remembers is adopted by every member
-instead of being benchmarked.  Claims are read after the rendezvous, when
-every member has made its own.  And it counts itself under a digest of its
-ops' memo keys, as under the digest of what it tunes: whether the
-candidates' traced code, and so a program that inlines their winners, is
-the same on every member, or holds rank-dependent constants (which slot is
-this rank's), in which case a cached program serves only the rank that
-compiled it.
-
-The functions take the session's member (:class:`~.types.Member`, which the
-benchmarker is): its group name, rank, size, configuration and
-``decision_context()``, nothing else, so a stand-in holding those runs the
-real join.
+The one step of a session whose outcome is not a timing: which ops are
+benchmarked, which are adopted from a member's memory, which candidates are
+disqualified before running, and whether the session may go on at all.  The
+functions take the session's member (:class:`~.types.Member`), so a stand-in
+runs the real join.  What it agrees on: ``docs/modules.md``, "join.py".
 """
 
 from __future__ import annotations

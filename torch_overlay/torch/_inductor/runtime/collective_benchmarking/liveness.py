@@ -1,53 +1,10 @@
 """Liveness of the members of collective benchmarking: heartbeats over the store.
 
-Agreement over the store (``control.py``) has to tell a member
-that is late from one that is lost, without a fixed timeout that either
-gives up on a slow compile or waits forever for a dead process.  It asks
-this module: every process tells its peers, through the store, that it is
-alive and what it does, and reads the same of the member it watches.
-
-Every process that tunes runs one daemon thread (:class:`Liveness`).  It
-*beats*, i.e. rewrites one key of its own, ``status/<rank>``, every
-:func:`beat_interval` seconds, but only while the process has a session open,
-Dynamo compiles a frame (under its ``compile_lock``, which covers the
-lowering and the scheduler where sessions start), or a peer woke it (below).
-The key carries a counter that advances with every beat, what the process
-does (``compiling``, ``session`` or ``idle``), the frames it opened sessions
-for, and, while a peer keeps it awake (below) during a session, the
-collective its main thread waits in and for how long, as c10d's
-FlightRecorder recorded it (:func:`pending_collective`).  When the process
-stops, the thread writes ``idle`` once and then asks nothing of the store.  The thread runs Python code, so a process
-whose main thread holds the GIL in a C call that never returns (*wedged*)
-stops beating, as does a dead one; a process that is only busy (a long
-kernel, a sleep, a slow host, a compile) keeps beating.
-
-A process that beats on its own cannot tell a peer that is idle (it runs
-compiled or eager code, on its way to a compile or not) from one that is
-dead.  So every process also keeps one request blocked in the store, on its
-``wake/<rank>`` key: a peer that waits for it sets the key, and the process
-then beats for two timeouts (its peer keeps waking it while it waits).  A
-member that was woken and does not beat within a timeout is dead or wedged.
-
-The same thread reads the status of the member each open session observes
-(its ring successor) once per beat interval, and, while the main thread
-waits in a rendezvous (a :class:`Watch`), has the rendezvous apply its
-liveness rules to what it read (``Watch.check``): the rules and the verdict
-belong to the agreement (``control.py``), the reading and the beating to
-this module, which imports nothing of the agreement.
-
-Shutdown.  Both threads are daemons, and the listener spends its life inside a
-C++ call (the store's ``wait``), with the GIL released.  A daemon thread that
-is still inside such a call when the interpreter finalizes cannot take the GIL
-back when the call returns; its forced unwind ends in ``std::terminate``, and
-the process aborts ("terminate called without an active exception").  The call
-does return at that moment whenever the rank that hosts the store (rank 0 under
-``env://``, ``mp.spawn`` or ``srun``) exits first, or when the process's own
-store goes away during finalization.  So the threads never outlive the store
-they were started on, nor the interpreter: :meth:`Liveness.shutdown` stops and
-joins them, at exit (``atexit``) and when the job's store is released
-(``destroy_process_group`` drops the default store).  The listener's wait is
-made to return by the process itself, which sets its own ``wake`` key: three
-requests at shutdown, none between sessions.
+Every process that tunes beats one key of its own while it has a session
+open, compiles, or was woken by a peer, and reads the key of the member it
+watches; a process that stops beating is dead or wedged.  What a beat
+carries, waking an idle peer, and shutdown: ``docs/modules.md``,
+"liveness.py".
 """
 
 from __future__ import annotations
@@ -253,7 +210,7 @@ class Watch:
 class Liveness:
     """A process's heartbeat, and its watch over the members its main thread waits for.
 
-    See the module docstring.  ``compiling`` says whether the process
+    See ``docs/modules.md``, "liveness.py".  ``compiling`` says whether the process
     compiles (the default probes Dynamo's ``compile_lock``); the store, the rank and
     the main thread are injectable, and the wake listener can be left out,
     so that one process can simulate many ranks
@@ -338,7 +295,7 @@ class Liveness:
             if listener is not None:
                 listener.start()
         # destroy_process_group() releases the default store: the threads must
-        # not outlive it (see the module docstring).
+        # not outlive it (see "Shutdown" in docs/modules.md).
         weakref.finalize(store, self._stop_threads, threads)
 
     def shutdown(self) -> None:

@@ -1,49 +1,9 @@
 """The benchmarking part of a session: warmups, interleaved timed runs, exchange, commit.
 
-:class:`SessionRun` runs, on every member of a group, the same *schedule* of
-*steps*: per op, each competing candidate's warmup in preference order (the
-op's default first), then ``nruns`` iterations in each of which every
-competing candidate runs once, in an order shuffled per iteration from the
-op's key, the same on every member.  No collective is issued besides the
-candidates' own: those keep the members in lock-step (a member cannot finish
-a candidate's collective before every member issued it), and a member that
-fails wakes its peers by dropping the benchmark channel.  One all-gather (the
-*exchange*) then carries every candidate's status and timed runs to every
-member, and one all-reduce (the *commit*) ends the session.
-
-The commit exists because a collective can complete on some members and fail
-on others: a member that completed the exchange while a peer failed it would
-otherwise leave with a decision while the peer, which lacks the exchanged
-data, waits for it in the failure agreement.  With the commit, that member
-fails the commit instead, the agreement sees that the exchange failed, and
-every member runs it again.  A member that completed the commit counts itself
-as committed in the store, so that a peer failing the commit (which can only
-happen once every member exchanged) decides with the data it has.
-
-Failures.  Any exception or timeout on a member ends its step: it drops the
-channel, which makes the peers' pending collectives fail at once, and posts
-``(step, status)`` to a failure agreement over the store.  Every member then
-applies the same rule to the same posts (``earliest_failure``: the earliest
-reported step takes the worst status reported for it; a member already past
-it saw it succeed; :class:`_FailureAgreements` keeps what they decided).
-That step's candidate is retried when the cause was a timeout and retries
-remain, or disqualified otherwise.  A failure in a warmup resumes at that
-candidate's warmup; a failure in the timed runs restarts the op's timed runs,
-which must all see the same stretch of time.  A failed exchange runs again
-(at most ``retries + 1`` times).
-
-A candidate whose output differs from its op's default on a member is still
-timed there (its collectives stay matched) and disqualified at the exchange.
-
-Measurement.  Interleaving puts every candidate's runs in the same stretch of
-time, so a slow stretch (a peer still compiling, clocks ramping up, caches
-warming) hits every candidate alike and, paired run by run, cancels out;
-timing candidates one after the other would favour whichever ran in the quiet
-part.  It assumes that the drift within one iteration is small next to the
-differences worth measuring, and that a candidate's run does not change the
-cost of the next one; the shuffled order spreads whatever effect remains.
-
-Candidates run with the Python dispatcher disabled (see ``run``).
+:class:`SessionRun` runs the same schedule of steps on every member of a
+group; a failing member drops the benchmark channel and every member applies
+the same rule to the failures posted to the store.  The schedule, the commit,
+failures and measurement: ``docs/modules.md``, "session.py".
 """
 
 from __future__ import annotations
