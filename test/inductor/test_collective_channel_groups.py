@@ -6,7 +6,8 @@ machine), or name one backend for every device type (``gloo`` serves CPU and
 CUDA tensors).  What this checks, on one process (one-rank groups):
 
 * A channel serves the device types its group serves, each with the same
-  backend, whatever the group was initialized with.
+  backend, whatever the group was initialized with; a group that c10d did
+  not build is an error that says so.
 * While the candidates run, c10d's lookups work on the channel
   (``get_rank``, ``get_world_size``, ``get_backend``,
   ``get_process_group_ranks``), and a collective that fails raises the
@@ -81,6 +82,16 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
             {"cpu": "gloo"} if backend != "gloo" else {"cpu": "gloo", "cuda": "gloo"}
         )
         self.assertEqual(cc.served_backends(group), expected)
+
+    def test_a_group_c10d_did_not_build_is_an_error_that_says_so(self):
+        self.init(None)
+        # A ProcessGroup made directly, as a library might: c10d recorded no
+        # backend config for it, so the channel cannot mirror it.
+        bare = dist.ProcessGroup(dist.distributed_c10d._get_default_store(), 0, 1)
+        with self.assertRaisesRegex(
+            cc.CollectiveBenchmarkError, "was not created by torch.distributed"
+        ):
+            cc.served_backends(bare)
 
     def test_c10d_lookups_work_and_a_failing_collective_raises_its_own_error(self):
         group = self.init(None)

@@ -20,6 +20,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch._inductor.runtime.collective_benchmarking.groups import (
     process_group_topology,
+    registered_group,
 )
 
 
@@ -297,8 +298,6 @@ def autotuning_process_groups(
 
     if not dist.is_available() or not dist.is_initialized():
         return ()
-    from torch.distributed.distributed_c10d import _world
-
     default = dist.group.WORLD
     if default is None:
         return ()
@@ -309,6 +308,9 @@ def autotuning_process_groups(
             (node.args, node.kwargs),
             lambda value: named.add(value) if isinstance(value, str) else None,
         )
-    groups = {name: group for group, name in _world.pg_names.items() if name in named}
-    groups[default.group_name] = default
+    groups = {default.group_name: default}
+    for name in named:
+        group = registered_group(name)
+        if group is not None:
+            groups[name] = group
     return tuple(sorted(process_group_topology(group) for group in groups.values()))

@@ -105,13 +105,14 @@ def served_backends(group: dist.ProcessGroup) -> dict[str, str]:
 
 
 def _backend_config(group: dist.ProcessGroup) -> dist.distributed_c10d.BackendConfig:
-    config = dist.distributed_c10d._world.pg_backend_config.get(group)
-    if config is None:
+    try:
+        config = dist.get_backend_config(group)
+    except TypeError as error:  # c10d holds no config for the group
         raise CollectiveBenchmarkError(
-            f"collective autotuning: process group {group.group_name!r} was not "
-            "created by torch.distributed (init_process_group, new_group, "
-            "split_group), so its backends are unknown"
-        )
+            "collective autotuning: the op's process group was not created by "
+            "torch.distributed (init_process_group, new_group, split_group), so "
+            "its backends are unknown"
+        ) from error
     return dist.distributed_c10d.BackendConfig(config)
 
 

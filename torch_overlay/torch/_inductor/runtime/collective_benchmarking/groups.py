@@ -12,7 +12,7 @@ import torch.distributed as dist
 from .store import CollectiveBenchmarkError
 
 
-__all__ = ["process_group_topology", "resolve_group"]
+__all__ = ["process_group_topology", "registered_group", "resolve_group"]
 
 
 def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
@@ -38,6 +38,18 @@ def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
             dist.distributed_c10d.GroupName(group)
         )
     return group
+
+
+def registered_group(name: str) -> dist.ProcessGroup | None:
+    """The process group that functional collectives resolve ``name`` to, or ``None``.
+
+    Any rank may call it, alone; ``None`` when no group of this process is
+    registered under ``name`` (it may be any string of a graph).
+    """
+    try:
+        return resolve_group(name)
+    except RuntimeError:  # c10d's lookup raises it for an unknown name
+        return None
 
 
 def _ranks_text(ranks: list[int]) -> str:
