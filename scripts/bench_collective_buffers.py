@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What V2's benchmark buffers hold past their session, with and without ``0024``'s release.
+"""What V2's benchmark buffers hold past their session, with and without ``0023``'s release.
 
 One rank (gloo, in this process) compiles a program of ``--ops`` all_reduce
 custom ops on inputs of distinct sizes (so that each is benchmarked: equal
@@ -10,7 +10,7 @@ than the program's inputs (candidates' inputs, outputs and reference copies),
 and on CUDA the peak of ``torch.cuda.max_memory_allocated()`` over the
 compile.  Twice, side by side: with the group's buffers released when its
 session ends (the stack), and kept until the scheduler is done (as before
-``0024``: ``_Runners.release`` made a no-op).
+``0023``: ``_Runners.release`` made a no-op).
 
 Usage:
   python scripts/bench_collective_buffers.py [--ops 8] [--numel 262144] [--device cpu|cuda]
@@ -131,7 +131,7 @@ def main() -> None:
     for release in (False, True):
         alive, peak = measure(args.ops, args.numel, args.device, release)
         label = (
-            "released when the session ends (0024)"
+            "released when the session ends (0023)"
             if release
             else "kept until the scheduler is done"
         )

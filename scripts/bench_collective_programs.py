@@ -32,7 +32,7 @@ ranges add is one decision per range and the ``torch.cond`` dispatch.
 The last column splits the compilation of the candidates (the benchmarker's
 ``prepare_s``, slowest rank) into lowering them (Python, on the compiling
 thread) and waiting for their kernel builds (Inductor's compile workers),
-which all candidates' lowering leaves running together (patch 0016).
+which all candidates' lowering leaves running together (patch 0015).
 ``--sequential-builds`` waits for each candidate's builds before lowering
 the next, as before that patch, for comparison.
 

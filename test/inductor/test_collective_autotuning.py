@@ -808,7 +808,7 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
     def test_candidate_calling_a_collective_known_to_crash_is_not_run(self):
         if self.world_size != 2:
             raise unittest.SkipTest("every rank decides alike; 2 ranks show it")
-        # Imported here: the prefixes of the series before 0022 have no such list.
+        # Imported here: the prefixes of the series before 0021 have no such list.
         from torch._inductor.runtime.collective_benchmarking import known_crashes
         from torch._inductor.runtime.collective_benchmarking.channels import (
             served_backends,

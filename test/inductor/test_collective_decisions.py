@@ -57,7 +57,7 @@ Status = cd.CandidateStatus
 
 def decision_artifacts(payloads: list) -> contextlib.AbstractContextManager:
     """Collect each decision artifact's JSON payload in ``payloads`` instead of tracing it."""
-    # Imported here: the prefixes of the series before 0017 have no reporting.
+    # Imported here: the prefixes of the series before 0016 have no reporting.
     from torch._inductor.runtime.collective_benchmarking import reporting
 
     return mock.patch.object(
@@ -293,13 +293,16 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
     def test_deterministic_mode_benchmarks_nothing(self):
         # As for every op in deterministic mode (may_ban_benchmarking), the
         # eager default is taken without a session, on both paths, and the
-        # trace says so (0017's reporting, read through decision_artifacts so
+        # trace says so (0016's reporting, read through decision_artifacts so
         # that the file runs on the prefixes before it).
         from torch._dynamo.utils import counters
         from torch._inductor import config
-        from torch._inductor.kernel.collective_implementations import (
-            register_collective_implementations,
+        from torch._inductor.kernel.custom_op import (
+            CustomOpConfig,
+            register_custom_op_autotuning,
         )
+
+        funcol = torch.ops._c10d_functional
 
         ran = []
 
@@ -316,7 +319,17 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         def _(x, group_name):
             return torch.empty_like(x)
 
-        register_collective_implementations(all_reduce, "all_reduce")
+        def direct(x: torch.Tensor, group_name: str) -> torch.Tensor:
+            out = funcol.all_reduce(x, "sum", group_name)
+            return funcol.wait_tensor(out)
+
+        def twice_halved(x: torch.Tensor, group_name: str) -> torch.Tensor:
+            out = funcol.all_reduce(x * 2, "sum", group_name)
+            return funcol.wait_tensor(out) / 2
+
+        register_custom_op_autotuning(
+            all_reduce, configs=[CustomOpConfig(direct), CustomOpConfig(twice_halved)]
+        )
         group_name = dist.group.WORLD.group_name
         for defer in (False, True):
             torch._dynamo.reset()
@@ -522,7 +535,7 @@ class TestKnownCrashOnOneRank(OneRankGroupTestCase):
     def test_a_candidate_calling_a_collective_known_to_crash_is_neither_prepared_nor_run(
         self,
     ):
-        # Imported here: the prefixes of the series before 0022 have no such list.
+        # Imported here: the prefixes of the series before 0021 have no such list.
         from torch._inductor.runtime.collective_benchmarking import known_crashes
 
         # The crash needs CUDA tensors on gloo: a stand-in entry lists this

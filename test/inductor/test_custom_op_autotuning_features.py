@@ -7,7 +7,7 @@ prefix check runs it there, see CONTRIBUTING.md): configs with parameters,
 ``config_generator``, ``input_gen_fns``, range dispatch (``dispatch_on`` +
 ``split_points``), ``min_speedup_threshold`` and ``include_fallback=False``.
 
-``SchemaBindingTest`` checks what patch 0015 fixes: an op whose non-tensor
+``SchemaBindingTest`` checks what patch 0014 fixes: an op whose non-tensor
 parameters stand before a tensor (``scaled_add(x, scale, bias)``) is called
 with every argument in its place, by its implementations, by its eager
 fallback, and for ``input_gen_fns``, ``config_generator`` and ``dispatch_on``.
