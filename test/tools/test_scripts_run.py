@@ -36,11 +36,15 @@ SMALLEST = {
     ),
     "bench_collective_buffers.py": (
         ["--ops", "2", "--numel", "1024"],
-        "| released when the session ends (0024) |",
+        "| released when the session ends (0023) |",
     ),
     "bench_collective_control.py": (
         ["--ranks", "4", "--sessions", "1", "--processes", "1", "--timeout", "5"],
         "| 4 |",
+    ),
+    "bench_collective_liveness.py": (
+        ["--entries", "50", "--seconds", "0.2"],
+        "| a reader every 50 ms |",
     ),
     "bench_collective_regret.py": (
         ["--nproc", "2", "--ops", "all_reduce", "--sizes", "240", "--compiles", "1",
