@@ -308,7 +308,7 @@ def autotuning_process_groups(
             (node.args, node.kwargs),
             lambda value: named.add(value) if isinstance(value, str) else None,
         )
-    groups = {default.group_name: default}
+    groups: dict[str, dist.ProcessGroup] = {default.group_name: default}
     for name in named:
         group = registered_group(name)
         if group is not None:
