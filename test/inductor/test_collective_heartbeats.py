@@ -172,6 +172,19 @@ class TestHeartbeat(TestCase):
         self.assertIn("a peer gave up on this job: rank 1 is lost", logs.output[0])
         self.wait_for(lambda: self.reader.read_if_set(cs.wake_key(0)) is None)
 
+    def test_a_value_no_waker_writes_stops_the_listener(self):
+        # The "fake" backend's store answers every wait at once, with an empty
+        # value: the listener neither dies of it (a JSON error) nor spins.
+        self.start_listening()
+        failures = []
+        self.addCleanup(setattr, threading, "excepthook", threading.excepthook)
+        threading.excepthook = failures.append
+        self.reader.set(cs.wake_key(0), "")
+        self.wait_for(lambda: len(liveness_threads()) == 1)
+        self.assertEqual(failures, [])
+        self.assertEqual(cs.wake_verdict(cs.wake_value("lost")), "lost")
+        self.assertIsNone(cs.wake_verdict("not json"))
+
     def test_shutdown_joins_the_threads(self):
         self.start_listening()
         before = cs.store_requests.copy()

@@ -420,6 +420,12 @@ class Liveness:
             if stop.is_set():  # woken by shutdown(), which set the key
                 return
             verdict = wake_verdict(value)
+            if verdict is None:
+                # No waker wrote it: the store is no job's (the "fake"
+                # backend's answers every wait at once, with nothing), and
+                # listening on would spin.
+                log.debug("collective autotuning: %r is no wake value", value)
+                return
             if verdict and not logged:
                 logged = True
                 log.error(

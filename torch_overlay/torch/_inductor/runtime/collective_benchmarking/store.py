@@ -69,9 +69,16 @@ def wake_value(verdict: str = "") -> str:
     return json.dumps({"verdict": verdict})
 
 
-def wake_verdict(value: str) -> str:
-    """The verdict carried by a wake key's value (see :func:`wake_value`)."""
-    return json.loads(value)["verdict"]
+def wake_verdict(value: str) -> str | None:
+    """The verdict carried by a wake key's value (see :func:`wake_value`).
+
+    ``None`` for a value that no waker writes.
+    """
+    try:
+        verdict = json.loads(value)["verdict"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return verdict if isinstance(verdict, str) else None
 
 
 # Every request the control plane made to the store, by kind.
