@@ -255,15 +255,34 @@ class TestPendingCollective(TestCase):
         waiter = threading.Thread(
             target=lambda: ranks[0].allreduce([torch.ones(4)]).wait()
         )
+        started = time.monotonic()
         waiter.start()
-        time.sleep(0.3)
-        call, blocked_for = lv.pending_collective(waiter.ident)
-        self.assertTrue(call.startswith("gloo:all_reduce on process group"), call)
-        self.assertGreaterEqual(blocked_for, 0.3)
-        self.assertEqual(lv.pending_collective(threading.get_ident()), ("", 0.0))
-        ranks[1].allreduce([torch.ones(4)]).wait()
-        waiter.join()
-        self.assertEqual(lv.pending_collective(waiter.ident), ("", 0.0))
+        try:
+            # Polled, not slept on: on a loaded machine the thread issues its
+            # call late, and the recorder retires it a moment after the wait.
+            call, blocked_for = self.poll(
+                lambda: lv.pending_collective(waiter.ident), lambda read: read[0] != ""
+            )
+            self.assertTrue(call.startswith("gloo:all_reduce on process group"), call)
+            self.assertGreater(blocked_for, 0.0)
+            self.assertLess(blocked_for, time.monotonic() - started + 0.1)
+            self.assertEqual(lv.pending_collective(threading.get_ident()), ("", 0.0))
+        finally:
+            # Rank 1's part, also when a check failed: the waiter must not
+            # time out in a later test.
+            ranks[1].allreduce([torch.ones(4)]).wait()
+            waiter.join()
+        self.poll(
+            lambda: lv.pending_collective(waiter.ident),
+            lambda read: read == ("", 0.0),
+        )
+
+    def poll(self, read, done):
+        deadline = time.monotonic() + 20
+        while not done(value := read()):
+            self.assertLess(time.monotonic(), deadline, f"still {value!r}")
+            time.sleep(0.02)
+        return value
 
     def test_takes_the_newest_live_entry_of_the_thread(self):
         now_ns = time.time_ns()
