@@ -86,7 +86,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import launch_ranks
+from collective_jobs import launch_ranks, private_cache_dir
 
 NWARMUP, NRUNS = 3, 10
 # The cache directory a launch's ranks share (the compile and overhead tables).
@@ -122,9 +122,10 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
 
     # The launch's cache directory when the driver gives one (shared by its
     # ranks, as a host's ranks share /tmp/torchinductor_<user>), else one per rank.
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ.get(
-        CACHE_DIR_ENV
-    ) or tempfile.mkdtemp(prefix="bench-autotuning-")
+    if os.environ.get(CACHE_DIR_ENV):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ[CACHE_DIR_ENV]
+    else:
+        private_cache_dir("bench-autotuning-")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     group_name = dist.group.WORLD.group_name

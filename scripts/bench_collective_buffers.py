@@ -23,13 +23,12 @@ import gc
 import math
 import os
 import sys
-import tempfile
 from pathlib import Path
 from unittest import mock
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import free_port
+from collective_jobs import free_port, private_cache_dir
 
 
 def measure(
@@ -71,7 +70,7 @@ def measure(
     # Nothing remembered, in the process or on disk: the group benchmarks.
     torch._dynamo.reset()
     decision_cache._remembered.clear()
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-buffers-")
+    private_cache_dir("bench-buffers-")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with (

@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import rank_env
+from collective_jobs import private_cache_dir, rank_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("happy", "exception", "stall", "straggler", "dead", "wedged")
@@ -67,7 +67,7 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
         register_custom_op_autotuning,
     )
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-decisions-")
+    private_cache_dir("bench-decisions-")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     group_name = dist.group.WORLD.group_name

@@ -55,12 +55,11 @@ import json
 import os
 import random
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import launch_ranks
+from collective_jobs import launch_ranks, private_cache_dir
 from bench_collective_regret import (
     median_ci,
     MIN_ROUNDS,
@@ -128,7 +127,7 @@ def compiled_variant(program, collective):
 
 # --- worker (one process per rank) --------------------------------------------------
 def worker(args: argparse.Namespace, out_dir: Path) -> None:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-epilogues-")
+    private_cache_dir("bench-epilogues-")
     import torch
     import torch._inductor.config as inductor_config
     import torch.distributed as dist

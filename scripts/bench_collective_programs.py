@@ -48,12 +48,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import launch_ranks
+from collective_jobs import launch_ranks, private_cache_dir
 
 PROGRAMS = {
     "static": "static",
@@ -67,7 +66,7 @@ PATHS = ("untuned", "V1", "V2")
 
 # --- worker (one process per rank) --------------------------------------------------
 def worker(program: str, path: str, args: argparse.Namespace, out_dir: Path) -> None:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-programs-")
+    private_cache_dir("bench-programs-")
     import torch
     import torch._inductor.config as inductor_config
     import torch.distributed as dist

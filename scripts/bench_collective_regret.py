@@ -83,7 +83,7 @@ from fractions import Fraction
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import rank_env
+from collective_jobs import private_cache_dir, rank_env
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
@@ -111,7 +111,7 @@ def worker(
         make_input,
     )
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-regret-")
+    private_cache_dir("bench-regret-")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     group_name = dist.group.WORLD.group_name

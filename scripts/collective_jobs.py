@@ -23,11 +23,13 @@ beside processes that spin on the CPUs.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -54,6 +56,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def private_cache_dir(prefix: str) -> str:
+    """A fresh Inductor cache directory for this process, removed when it exits.
+
+    Sets ``TORCHINDUCTOR_CACHE_DIR``; a rank that must compile and benchmark
+    on every run (nothing cached by an earlier one) calls it before compiling.
+    """
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
+    return path
 
 
 def rank_env(nproc: int) -> dict[str, str]:

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import resource
 import shutil
 import signal
@@ -49,7 +48,7 @@ from typing import TYPE_CHECKING
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import rank_env
+from collective_jobs import private_cache_dir, rank_env
 
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ def worker(sessions: int, kinds: list[str], sizes: list[int], out_dir: Path) -> 
     # A crash leaves a core file (in the rank's working directory).
     hard = resource.getrlimit(resource.RLIMIT_CORE)[1]
     resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="soak-")
+    private_cache_dir("soak-")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     group_name = dist.group.WORLD.group_name
