@@ -37,7 +37,7 @@ def measure(
     """Bytes (MB) of benchmark-sized tensors alive while the winners are inlined; device peak (MB)."""
     import torch
     import torch._inductor.config as inductor_config
-    from torch._inductor.collective_autotuning import deferral
+    from torch._inductor.collective_autotuning import deferred_tuning
     from torch._inductor.runtime.collective_benchmarking import decision_cache
 
     from demo_collective_autotuning import CASES
@@ -66,7 +66,7 @@ def measure(
         alive_mb.append(alive / 2**20)
         return inline(*args, **kwargs)
 
-    inline = deferral.inline_winners
+    inline = deferred_tuning.inline_winners
     # Nothing remembered, in the process or on disk: the group benchmarks.
     torch._dynamo.reset()
     decision_cache._remembered.clear()
@@ -74,11 +74,11 @@ def measure(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with (
-        mock.patch.object(deferral, "inline_winners", counted),
+        mock.patch.object(deferred_tuning, "inline_winners", counted),
         mock.patch.object(
-            deferral._Runners,
+            deferred_tuning._Runners,
             "release",
-            deferral._Runners.release if release else lambda self: None,
+            deferred_tuning._Runners.release if release else lambda self: None,
         ),
         inductor_config.patch(
             defer_collective_autotuning=True,

@@ -67,10 +67,8 @@ def _simulated_ranks(
         CollectiveBenchmarker,
     )
     from torch._inductor.runtime.collective_benchmarking.control import ControlStore
-    from torch._inductor.runtime.collective_benchmarking.liveness import (
-        beat_interval,
-        Liveness,
-    )
+    from torch._inductor.runtime.collective_benchmarking.beats import beat_interval
+    from torch._inductor.runtime.collective_benchmarking.liveness import Liveness
     from torch._inductor.runtime.collective_benchmarking.store import (
         STORE_PREFIX,
         StoreClient,

@@ -59,9 +59,7 @@ def main() -> None:
 
     import torch
     import torch.distributed as dist
-    from torch._inductor.runtime.collective_benchmarking.liveness import (
-        pending_collective,
-    )
+    from torch._inductor.runtime.collective_benchmarking.beats import pending_collective
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(free_port())

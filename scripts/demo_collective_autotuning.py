@@ -64,7 +64,9 @@ from torch._inductor.choices import InductorChoices
 from torch._inductor.kernel.collective_implementations import (
     register_collective_implementations,
 )
-from torch._inductor.runtime.collective_benchmarking.channels import served_backends
+from torch._inductor.runtime.collective_benchmarking.channel_builder import (
+    served_backends,
+)
 from torch._inductor.runtime.collective_benchmarking.timing import timer_name
 from torch._inductor.select_algorithm import add_feedback_saver
 from torch._inductor.virtualized import V

@@ -2,7 +2,7 @@
 
 What this checks, at 2 ranks per tuning path (V1: each op tuned while it is
 lowered; V2, the default: the choice deferred to the scheduler, see
-torch/_inductor/collective_autotuning/deferral.py) and at 4 ranks on V2, one
+torch/_inductor/collective_autotuning/deferred_tuning.py) and at 4 ranks on V2, one
 class each, and per collective kind (all_reduce, all_gather, reduce_scatter,
 all_to_all):
 
@@ -810,7 +810,7 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
             raise unittest.SkipTest("every rank decides alike; 2 ranks show it")
         # Imported here: the prefixes of the series before 0021 have no such list.
         from torch._inductor.runtime.collective_benchmarking import known_crashes
-        from torch._inductor.runtime.collective_benchmarking.channels import (
+        from torch._inductor.runtime.collective_benchmarking.channel_builder import (
             served_backends,
         )
 

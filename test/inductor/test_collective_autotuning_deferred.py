@@ -1,7 +1,8 @@
 """What only the deferred path (V2) of collective autotuning does, on CPU/gloo.
 
 ``test_collective_autotuning.py`` runs every per-op test under both paths;
-this file checks the scheduler-level behaviour (torch/_inductor/collective_autotuning/deferral.py):
+this file checks the scheduler-level behaviour
+(torch/_inductor/collective_autotuning/deferred_tuning.py):
 
 * One pre-sync per process group per graph: a graph with four collective
   autotuned ops, three over the world and one over a second group, joins
@@ -444,7 +445,7 @@ class BenchmarkBuffersTest(OneRankGlooTestCase):
     """V2 frees a group's benchmark buffers when its session ends, on one gloo rank."""
 
     def test_no_benchmark_buffer_outlives_its_session(self):
-        from torch._inductor.collective_autotuning import deferral
+        from torch._inductor.collective_autotuning import deferred_tuning
 
         rows, cols = 37, 53  # a shape no other tensor of the test has
 
@@ -459,7 +460,7 @@ class BenchmarkBuffersTest(OneRankGlooTestCase):
                 for o in gc.get_objects()
             )
 
-        inlined = deferral.inline_winners
+        inlined = deferred_tuning.inline_winners
         alive_while_inlining = []
 
         def inline_winners(*args, **kwargs):
@@ -471,7 +472,7 @@ class BenchmarkBuffersTest(OneRankGlooTestCase):
         x = torch.ones(rows, cols)
         exchanges = counters["collective_autotuning"]["exchanges"]
         with (
-            mock.patch.object(deferral, "inline_winners", inline_winners),
+            mock.patch.object(deferred_tuning, "inline_winners", inline_winners),
             tuning_config(True, fx_graph_cache=False),
         ):
             result = torch.compile(lambda x: all_reduce_op(x) + 1)(x)

@@ -32,7 +32,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
-from torch._inductor.runtime.collective_benchmarking import channels as cc
+from torch._inductor.runtime.collective_benchmarking import (
+    channel_builder as cb,
+    channels as cc,
+)
 from torch._inductor.runtime.collective_benchmarking.benchmarker import (
     CollectiveBenchmarker,
 )
@@ -81,7 +84,7 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
         expected = (
             {"cpu": "gloo"} if backend != "gloo" else {"cpu": "gloo", "cuda": "gloo"}
         )
-        self.assertEqual(cc.served_backends(group), expected)
+        self.assertEqual(cb.served_backends(group), expected)
 
     def test_a_group_c10d_did_not_build_is_an_error_that_says_so(self):
         self.init(None)
@@ -89,9 +92,9 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
         # backend config for it, so the channel cannot mirror it.
         bare = dist.ProcessGroup(dist.distributed_c10d._get_default_store(), 0, 1)
         with self.assertRaisesRegex(
-            cc.CollectiveBenchmarkError, "was not created by torch.distributed"
+            cb.CollectiveBenchmarkError, "was not created by torch.distributed"
         ):
-            cc.served_backends(bare)
+            cb.served_backends(bare)
 
     def test_c10d_lookups_work_and_a_failing_collective_raises_its_own_error(self):
         group = self.init(None)

@@ -30,12 +30,13 @@ import torch
 import torch._inductor.config as inductor_config
 from torch._inductor.choices import InductorChoices
 from torch._inductor.collective_autotuning import settings
-from torch._inductor.collective_autotuning.choices import (
-    AgreedTimings,
+from torch._inductor.collective_autotuning.choices import AgreedTimings
+from torch._inductor.collective_autotuning.collective_graphs import (
     collective_group_name,
 )
 from torch._inductor.runtime.collective_benchmarking import (
     decisions as cd,
+    rules as cr,
     store as cs,
 )
 from torch._inductor.virtualized import V
@@ -94,7 +95,7 @@ class TestAgreedChoice(TestCase):
         self.assertIs(timings.agreed_choice(), choices[0])
         self.assertIs(timings.agreed_choice(min_speedup_threshold=1.4), choices[0])
         self.assertIs(timings.agreed_choice(min_speedup_threshold=1.6), choices[2])
-        threshold = cd.apply_speedup_threshold(timings.decision, "2:default", 1.6)
+        threshold = cr.apply_speedup_threshold(timings.decision, "2:default", 1.6)
         self.assertEqual(threshold.winner, "2:default")
         self.assertIs(threshold.rule, cd.DecisionRule.MIN_SPEEDUP)
         self.assertIn("1.50x faster, below min_speedup_threshold=1.6", threshold.reason)

@@ -38,7 +38,11 @@ from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
-from torch._inductor.runtime.collective_benchmarking import liveness, store
+from torch._inductor.runtime.collective_benchmarking import (
+    beats as bt,
+    liveness,
+    store,
+)
 from torch.testing._internal.common_utils import run_tests
 
 from rank_processes import RankProcessesTestCase
@@ -96,7 +100,7 @@ class ControlPlaneTests:
         return compiled, x
 
     def test_no_request_outside_sessions_and_compiles(self):
-        interval = liveness.beat_interval(timedelta(seconds=TIMEOUT_S))
+        interval = bt.beat_interval(timedelta(seconds=TIMEOUT_S))
         with tuning_config(True, collective_benchmark_timeout=TIMEOUT_S):
             compiled, x = self._compile_and_check(2.0)
             # A rank that a peer woke in the session (it joined late) beats
@@ -117,7 +121,7 @@ class ControlPlaneTests:
         main = store.main_store_client()
         beats = liveness._liveness.client
         self.assertIsNotNone(beats)
-        interval = liveness.beat_interval(timedelta(seconds=TIMEOUT_S))
+        interval = bt.beat_interval(timedelta(seconds=TIMEOUT_S))
         with tuning_config(True, collective_benchmark_timeout=TIMEOUT_S):
             main_before, beats_before = main.requests.total(), beats.requests.total()
             started = time.monotonic()

@@ -42,6 +42,7 @@ import torch.distributed as dist
 from torch._inductor.runtime.collective_benchmarking import (
     benchmarker as cb,
     decisions as cd,
+    rules as cr,
     store as cs,
     types as ct,
 )
@@ -287,7 +288,7 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
             iteration = timed[4 * run : 4 * run + 4]
             self.assertEqual(
                 iteration,
-                [["a", "b", "c", "a"][i] for i in cd.interleaved_order(4, f"op|{run}")],
+                [["a", "b", "c", "a"][i] for i in cr.interleaved_order(4, f"op|{run}")],
             )
 
     def test_deterministic_mode_benchmarks_nothing(self):

@@ -39,7 +39,11 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._inductor.runtime.collective_benchmarking import liveness as lv, store as cs
+from torch._inductor.runtime.collective_benchmarking import (
+    beats as bt,
+    liveness as lv,
+    store as cs,
+)
 from torch.testing._internal.common_utils import run_tests, TestCase
 from unittest import mock
 
@@ -52,22 +56,22 @@ def liveness_threads():
 
 class TestRules(TestCase):
     def test_beat_interval(self):
-        self.assertEqual(lv.beat_interval(timedelta(seconds=30)), 3.75)
-        self.assertEqual(lv.beat_interval(timedelta(seconds=0.1)), 0.05)
-        self.assertEqual(lv.beat_interval(timedelta(minutes=10)), 5.0)
+        self.assertEqual(bt.beat_interval(timedelta(seconds=30)), 3.75)
+        self.assertEqual(bt.beat_interval(timedelta(seconds=0.1)), 0.05)
+        self.assertEqual(bt.beat_interval(timedelta(minutes=10)), 5.0)
 
     def test_member_status_round_trips(self):
-        status = lv.MemberStatus(7, "session", ("a", "b"), "c10d.all_reduce", 1.5)
-        self.assertEqual(lv.MemberStatus.decode(status.encode()), status)
+        status = bt.MemberStatus(7, "session", ("a", "b"), "c10d.all_reduce", 1.5)
+        self.assertEqual(bt.MemberStatus.decode(status.encode()), status)
 
     def test_observation_on_a_fake_clock(self):
-        seen = lv.Observation(None, first_read=10.0)
+        seen = bt.Observation(None, first_read=10.0)
         self.assertEqual(seen.silent_for(14.0), 4.0)  # never seen: since the first read
-        seen.update(lv.MemberStatus(1, "session"), 11.0)
-        seen.update(lv.MemberStatus(1, "session"), 15.0)  # no beat since 11
+        seen.update(bt.MemberStatus(1, "session"), 11.0)
+        seen.update(bt.MemberStatus(1, "session"), 15.0)  # no beat since 11
         self.assertEqual((seen.advanced_at, seen.silent_for(16.0)), (11.0, 5.0))
-        seen.update(lv.MemberStatus(2, "idle"), 17.0)
-        seen.update(lv.MemberStatus(3, "idle"), 18.0)
+        seen.update(bt.MemberStatus(2, "idle"), 17.0)
+        seen.update(bt.MemberStatus(3, "idle"), 18.0)
         self.assertEqual((seen.advanced_at, seen.idle_since), (18.0, 17.0))
         seen.update(None, 19.0)  # unreadable: no advance, not idle
         self.assertEqual(
@@ -102,7 +106,7 @@ class TestHeartbeat(TestCase):
 
     def status(self):
         text = self.reader.read_if_set(cs.status_key(0))
-        return None if text is None else lv.MemberStatus.decode(text)
+        return None if text is None else bt.MemberStatus.decode(text)
 
     def wait_for(self, predicate):
         deadline = time.monotonic() + 10
@@ -117,7 +121,7 @@ class TestHeartbeat(TestCase):
     def test_beats_only_while_busy(self):
         self.assertEqual(self.liveness.interval, 0.05)
         self.wait_for(lambda: self.status() is not None)
-        self.assertEqual(self.status(), lv.MemberStatus(1, "idle"))
+        self.assertEqual(self.status(), bt.MemberStatus(1, "idle"))
         with self.liveness.session("s", (7, 2)):
             self.wait_for(lambda: self.status().activity == "session")
             first = self.status()
@@ -136,7 +140,7 @@ class TestHeartbeat(TestCase):
 
     def test_observes_and_checks_the_watched_member(self):
         checks = []
-        watch = lv.Watch(
+        watch = bt.Watch(
             lambda client, w: checks.append((client, w)), "tag", "rendezvous", 0, False
         )
         with self.liveness.session("s", None, observe=0):
@@ -261,19 +265,19 @@ class TestPendingCollective(TestCase):
             # Polled, not slept on: on a loaded machine the thread issues its
             # call late, and the recorder retires it a moment after the wait.
             call, blocked_for = self.poll(
-                lambda: lv.pending_collective(waiter.ident), lambda read: read[0] != ""
+                lambda: bt.pending_collective(waiter.ident), lambda read: read[0] != ""
             )
             self.assertTrue(call.startswith("gloo:all_reduce on process group"), call)
             self.assertGreater(blocked_for, 0.0)
             self.assertLess(blocked_for, time.monotonic() - started + 0.1)
-            self.assertEqual(lv.pending_collective(threading.get_ident()), ("", 0.0))
+            self.assertEqual(bt.pending_collective(threading.get_ident()), ("", 0.0))
         finally:
             # Rank 1's part, also when a check failed: the waiter must not
             # time out in a later test.
             ranks[1].allreduce([torch.ones(4)]).wait()
             waiter.join()
         self.poll(
-            lambda: lv.pending_collective(waiter.ident),
+            lambda: bt.pending_collective(waiter.ident),
             lambda read: read == ("", 0.0),
         )
 
@@ -305,13 +309,13 @@ class TestPendingCollective(TestCase):
             entry("gloo:send", 3, timeout_ms=2_000),  # past its own timeout
         ]
         dump = json.dumps({"entries": entries}).encode()
-        with mock.patch.object(lv, "_dump_fr_trace_json", return_value=dump):
-            call, blocked_for = lv.pending_collective(7)
+        with mock.patch.object(bt, "_dump_fr_trace_json", return_value=dump):
+            call, blocked_for = bt.pending_collective(7)
             self.assertEqual(call, "gloo:all_reduce on process group '3' (tp)")
             self.assertAlmostEqual(blocked_for, 40, delta=5)
-            self.assertEqual(lv.pending_collective(9), ("", 0.0))
-        with mock.patch.object(lv, "_dump_fr_trace_json", side_effect=RuntimeError):
-            self.assertEqual(lv.pending_collective(7), ("", 0.0))
+            self.assertEqual(bt.pending_collective(9), ("", 0.0))
+        with mock.patch.object(bt, "_dump_fr_trace_json", side_effect=RuntimeError):
+            self.assertEqual(bt.pending_collective(7), ("", 0.0))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ from torch._inductor.kernel.collective_implementations import (
     IMPLEMENTATIONS,
     register_collective_implementations,
 )
-from torch._inductor.collective_autotuning.choices import collectives_in_flight
+from torch._inductor.collective_autotuning.collective_graphs import (
+    collectives_in_flight,
+)
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch._inductor.utils import run_and_get_code
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -227,7 +229,9 @@ class KnownCrashesTest(OneRankGlooTestCase):
     def _collectives(self, device: str) -> dict[str, frozenset[str]]:
         # Every implementation's graph, traced as autotuning traces it, on
         # (fake) tensors of the device: no GPU is needed.
-        from torch._inductor.collective_autotuning.choices import collective_ops
+        from torch._inductor.collective_autotuning.collective_graphs import (
+            collective_ops,
+        )
 
         group_name = dist.group.WORLD.group_name
         with FakeTensorMode():
@@ -246,7 +250,7 @@ class KnownCrashesTest(OneRankGlooTestCase):
         }
 
     def test_no_implementation_calls_a_collective_known_to_crash_gloo(self):
-        from torch._inductor.runtime.collective_benchmarking.channels import (
+        from torch._inductor.runtime.collective_benchmarking.channel_builder import (
             served_backends,
         )
         from torch._inductor.runtime.collective_benchmarking.known_crashes import (

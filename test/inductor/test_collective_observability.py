@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 from torch._inductor.runtime.collective_benchmarking import decisions as cd
+from torch._inductor.runtime.collective_benchmarking import rules as cr
 from torch._inductor.runtime.collective_benchmarking.reporting import (
     ARTIFACT_NAME,
     explain,
@@ -76,7 +77,7 @@ class ExplainTest(TestCase):
             stage="warmup",
         )
         results = [default, not_significant, within_noise, raised]
-        verdict = cd.decide(results, True, 0.02, 0.95)
+        verdict = cr.decide(results, True, 0.02, 0.95)
         decision = cd.CollectiveDecision(
             "0", tuple(results), "default", verdict.reason, verdict.rule, 0.05
         )

@@ -28,10 +28,12 @@ from torch._inductor.runtime.collective_benchmarking import (
     channels,
     control,
     decisions as cd,
+    rules as cr,
     store as cs,
     types as ct,
 )
-from torch._inductor.runtime.collective_benchmarking.session import classify, SessionRun
+from torch._inductor.runtime.collective_benchmarking.failures import classify
+from torch._inductor.runtime.collective_benchmarking.session import SessionRun
 from torch.testing._internal.common_utils import TestCase, run_tests
 
 from rank_processes import one_rank_file_store
@@ -144,7 +146,7 @@ class TestSessionRunOnOneRank(TestCase):
         self.assertEqual(len(timed), 4 * len(competing))
         iterations = [timed[i : i + 4] for i in range(0, len(timed), 4)]
         for run, iteration in enumerate(iterations):  # the order every member shares
-            order = cd.interleaved_order(len(competing), f"op|{run}")
+            order = cr.interleaved_order(len(competing), f"op|{run}")
             self.assertEqual(iteration, [competing[i] for i in order])
         self.assertGreater(len({tuple(i) for i in iterations}), 1)  # shuffled
 

@@ -32,11 +32,9 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor import config, ir
-from torch._inductor.collective_autotuning.choices import (
-    compile_in_background,
-    is_collective,
-)
-from torch._inductor.runtime.collective_benchmarking.decisions import first_tensor
+from torch._inductor.collective_autotuning.choices import compile_in_background
+from torch._inductor.collective_autotuning.collective_graphs import is_collective
+from torch._inductor.runtime.collective_benchmarking.rules import first_tensor
 from torch._inductor.utils import convert_shape_to_inductor
 from torch._inductor.virtualized import V
 

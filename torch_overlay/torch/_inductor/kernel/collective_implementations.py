@@ -22,7 +22,9 @@ from typing import Any, cast, TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch._inductor.runtime.collective_benchmarking.channels import served_backends
+from torch._inductor.runtime.collective_benchmarking.channel_builder import (
+    served_backends,
+)
 from torch._inductor.runtime.collective_benchmarking.known_crashes import known_crash
 
 if TYPE_CHECKING:
@@ -100,7 +102,7 @@ def _pipelined(
 ) -> list[torch.Tensor]:
     # Issue one collective per piece, waiting for the oldest whenever
     # in_flight of them are outstanding; results in order.  One at a time on
-    # gloo (see "Memory safety on gloo" in benchmarker.py).
+    # gloo (see docs/modules.md, "Memory safety on gloo").
     if pieces and _backend(group_name, pieces[0].device) == "gloo":
         in_flight = 1
     pending: list[torch.Tensor] = []

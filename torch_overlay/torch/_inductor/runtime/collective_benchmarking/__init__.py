@@ -8,16 +8,20 @@ Its modules, from the bottom up; each imports only modules listed before it:
 
 * ``types.py``: the values the layers pass to one another: an op to tune, its
   candidates, the configuration;
-* ``decisions.py``: what a decision is made of, and the rules that make it: pure
-  functions of what the members agreed on;
+* ``decisions.py``: what a decision is made of: statuses, results, the decision
+  and its JSON, failure reports;
+* ``rules.py``: the rules that make a decision: pure functions of what the
+  members agreed on;
 * ``store.py``: the control plane's counted connection to the job's store, its
   keys, and the errors every layer raises;
 * ``groups.py``: the process group an op names, and its topology;
 * ``known_crashes.py``: the collectives known to crash their process on some
   backend and device, which no candidate may call there;
 * ``timing.py``: device-agnostic timing;
+* ``beats.py``: what a heartbeat carries, and what a watcher sees of a member;
 * ``liveness.py``: every process's heartbeat in the store, and its watch over the
   member a rendezvous waits for;
+* ``channel_builder.py``: a channel's backends, built as c10d builds the group's;
 * ``channels.py``: the private process groups candidates run on;
 * ``reporting.py``: each decision in the trace (a tlparse artifact) and in
   TORCH_LOGS, with why each candidate won or lost;
@@ -26,6 +30,8 @@ Its modules, from the bottom up; each imports only modules listed before it:
 * ``control.py``: agreement over the job's store: a session's rendezvous, and when
   a member is given up on;
 * ``join.py``: the pre-sync, which agrees on what a session benchmarks;
+* ``failures.py``: how a session's members agree on a failed step, and on each
+  candidate's result;
 * ``session.py``: warmups, interleaved timed runs, exchange, commit, failure
   agreements;
 * ``benchmarker.py``: the orchestrator, a session from the join to the decision

@@ -5,35 +5,9 @@ leaves with the same timings and picks the same winner; a failure on any
 rank is agreed by every rank, and no rank decides alone.
 :class:`CollectiveBenchmarker` runs a *session* over one group: the join
 (``join.py``), compiling the candidates, the runs (``session.py``) and the
-decision (``decisions.py``).  The protocol, its history and its counters:
-``docs/modules.md``, "benchmarker.py".
-
-Memory safety on gloo
----------------------
-A candidate that keeps two collectives in flight on one gloo group (issues
-the second before waiting for the first) can corrupt the heap of the process
-that runs it.  ``ProcessGroupGloo::runLoop`` (torch 2.15.0) stores the name
-of each finished work into a status string that the group's two worker
-threads share, after releasing the group's lock: load the old buffer, store
-the new one, free the old.  Names longer than 15 characters live on the heap
-(an ``all_gather_into_tensor`` records ``ALLGATHER_COALESCED``); two workers
-inside that window free the same buffer twice, and a later ``malloc`` aborts
-("malloc(): unaligned tcache chunk detected") or crashes.  With one
-collective in flight the two workers finish a whole collective apart, so
-that one would have to be held in that window for as long (shown with gdb,
-never seen otherwise; ``scripts/repro_gloo_status_race.py``).
-
-The autotuner must not tune a program into it: a winner runs on the job's
-own group, for the rest of the job.  Each candidate's graph says how many
-collectives it keeps in flight (``collectives_in_flight``, compared at the
-join like the rest of its signature); on a gloo group, one that keeps more
-than one is disqualified on every member before anything runs, with a
-warning naming it, unless ``collective_benchmark_allow_gloo_overlap`` is
-set.  So, by default, neither benchmarking nor the program runs it; the
-library's pipelined implementations keep one collective in flight on gloo
-(``kernel/collective_implementations.py``), and the protocol's own
-collectives are issued one at a time.  The op's eager implementation has no
-graph to read: it is what the program runs untuned anyway.
+decision (``rules.py``).  The protocol, its history and its counters:
+``docs/modules.md``, "benchmarker.py" (and "Memory safety on gloo": why a
+candidate that keeps two collectives in flight never runs on gloo).
 """
 
 from __future__ import annotations
@@ -44,23 +18,24 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch._dynamo.utils import counters
 
 from . import decision_cache
 from .channels import BenchmarkChannel
 from .control import ControlStore
-from .decisions import (
-    CandidateResult,
-    CandidateStatus,
-    CollectiveDecision,
-    decide,
-    tuned_nothing,
-    worth_storing,
-)
+from .decisions import CandidateResult, CollectiveDecision
 from .groups import process_group_topology, resolve_group
 from .join import join, Joined
 from .liveness import ensure_heartbeat
-from .reporting import describe, DecisionSource, explain, publish
+from .reporting import (
+    adopted_source,
+    count_decisions,
+    count_session,
+    DecisionSource,
+    describe,
+    explain,
+    publish,
+)
+from .rules import decide, tuned_nothing, worth_storing
 from .session import SessionRun
 from .store import CollectiveBenchmarkError, STORE_PREFIX
 from .timing import timed, timer_name
@@ -207,7 +182,7 @@ class CollectiveBenchmarker:
                 source = DecisionSource.BENCHMARKED
             else:
                 decision = decision_cache.adopt(joined.adopted[i], op)
-                source = _adopted_source(joined.adopted[i], remembered[i], known)
+                source = adopted_source(joined.adopted[i], remembered[i], known)
             # Kept even when the default had no result, so that a recompile
             # in this process neither reruns the session nor warns again.
             decision_cache.remember(self, op, decision)
@@ -218,7 +193,7 @@ class CollectiveBenchmarker:
                 untuned.append(self._tuned_nothing(op, decision, notes))
             decisions.append(decision)
             sources.append(source)
-        _count_decisions(decisions, sources)
+        count_decisions(decisions, sources)
         if untuned and self.config.strict:
             # Every member holds the same decisions: all raise together.
             raise CollectiveBenchmarkError(
@@ -226,7 +201,7 @@ class CollectiveBenchmarker:
                 + "\n(torch._inductor.config.collective_benchmark_strict is set)"
             )
         decision_cache.record(self, ops, decisions, same_code=joined.same_code)
-        _count_session(sources, time.perf_counter() - started - compile_s)
+        count_session(sources, time.perf_counter() - started - compile_s)
         return decisions
 
     def _benchmark(
@@ -409,45 +384,7 @@ class CollectiveBenchmarker:
 
 def _twin(first: Candidate) -> Candidate | None:
     # The default timed a second time in every iteration: the noise floor
-    # of do-no-harm (decisions.noise_floor).
+    # of do-no-harm (rules.noise_floor).
     if not first.is_default:
         return None
     return Candidate(f"{first.name} (again)", first.fn, signature=first.signature)
-
-
-def _adopted_source(
-    adopted: CollectiveDecision,
-    remembered: CollectiveDecision | None,
-    known: Sequence[CollectiveDecision] | None,
-) -> DecisionSource:
-    # The join hands back this member's own decision object when it was the
-    # one the group adopted.
-    if adopted is not remembered:
-        return DecisionSource.ADOPTED
-    return DecisionSource.CACHE_HIT if known is not None else DecisionSource.REMEMBERED
-
-
-def _count_decisions(
-    decisions: Sequence[CollectiveDecision], sources: Sequence[DecisionSource]
-) -> None:
-    inductor_stats = counters["inductor"]
-    for decision, source in zip(decisions, sources, strict=True):
-        if source is not DecisionSource.BENCHMARKED:
-            inductor_stats["collective_autotuning_decisions_adopted"] += 1
-            continue
-        for result in decision.results:
-            if result.status is not CandidateStatus.OK:
-                inductor_stats[
-                    "collective_autotuning_disqualified_" + result.status.name.lower()
-                ] += 1
-
-
-def _count_session(sources: Sequence[DecisionSource], session_s: float) -> None:
-    counters["inductor"]["collective_autotuning_sessions"] += 1
-    stats = counters["collective_autotuning"]
-    benchmarked = sum(source is DecisionSource.BENCHMARKED for source in sources)
-    stats["ops"] += benchmarked
-    stats["recalled"] += len(sources) - benchmarked
-    # The session besides compiling: joins, runs and agreements (float
-    # seconds in Dynamo's int-typed counters: see timing.timed).
-    stats["session_s"] += session_s  # type: ignore[assignment]

@@ -18,13 +18,8 @@ from typing import Any, NamedTuple, TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .liveness import (
-    _liveness,
-    Liveness,
-    MemberStatus,
-    Observation,
-    Watch,
-)
+from .beats import MemberStatus, Observation, Watch
+from .liveness import _liveness, Liveness
 from .store import (
     CollectiveBenchmarkError,
     main_store_client,
@@ -62,8 +57,7 @@ class ControlStore:
 
     Every member of the session's group constructs it with the same
     ``prefix`` (unique to the session) and makes the same calls in the same
-    order.  The keys and the requests:
-    ``docs/modules.md``, "control.py".
+    order.  The keys and the requests: ``docs/modules.md``, "control.py".
     """
 
     def __init__(
@@ -208,8 +202,7 @@ class ControlStore:
         key, mine = self._key(name), Claim(self.rank, value).encode()
         current = self.client.read_if_set(key)
         while current is None or Claim.decode(current).rank > self.rank:
-            current_or_unset = "" if current is None else current
-            current = self.client.compare_set(key, current_or_unset, mine)
+            current = self.client.compare_set(key, current or "", mine)
             if current == mine:
                 break
         return Claim.decode(current)
@@ -243,8 +236,7 @@ class _Watcher:
     Kept apart from :class:`ControlStore`, whose calls the main thread makes:
     these run on the liveness thread, once per beat interval while a
     rendezvous is waited in, and read only what that thread observed of the
-    watched member.  The rules: ``docs/modules.md``,
-    "control.py".
+    watched member.  The rules: ``docs/modules.md``, "control.py".
     """
 
     def __init__(self, control: ControlStore) -> None:

@@ -26,21 +26,27 @@ import json
 import math
 from typing import TYPE_CHECKING
 
+from torch._dynamo.utils import counters
 from torch._logging import trace_structured
 
-from .decisions import (
-    CandidateResult,
-    CandidateStatus,
-    CollectiveDecision,
-    compare_with_default,
-)
+from .decisions import CandidateResult, CandidateStatus, CollectiveDecision
+from .rules import compare_with_default
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
 
-__all__ = ["ARTIFACT_NAME", "DecisionSource", "describe", "explain", "publish"]
+__all__ = [
+    "adopted_source",
+    "ARTIFACT_NAME",
+    "count_decisions",
+    "count_session",
+    "DecisionSource",
+    "describe",
+    "explain",
+    "publish",
+]
 
 # The name tlparse lists the artifact under (``<name>_<n>.json`` in a compile's folder).
 ARTIFACT_NAME = "collective_autotuning_decision"
@@ -64,7 +70,7 @@ def explain(
 
     ``default`` names the op's default candidate (``None``: it has none).
     Every other qualified candidate is compared with it run by run, as
-    :func:`~.decisions.beats_default` compares them (``confidence`` is the
+    :func:`~.rules.beats_default` compares them (``confidence`` is the
     session's).  A pure function of agreed data: the same on every rank.
     """
     reference = _reference(decision, default)
@@ -237,3 +243,44 @@ def _candidate_payload(
             median_advantage=comparison.advantage,
         )
     return entry
+
+
+def adopted_source(
+    adopted: CollectiveDecision,
+    remembered: CollectiveDecision | None,
+    known: Sequence[CollectiveDecision] | None,
+) -> DecisionSource:
+    """Where a decision the join handed back came from, on this member."""
+    # The join hands back this member's own decision object when it was the
+    # one the group adopted.
+    if adopted is not remembered:
+        return DecisionSource.ADOPTED
+    return DecisionSource.CACHE_HIT if known is not None else DecisionSource.REMEMBERED
+
+
+def count_decisions(
+    decisions: Sequence[CollectiveDecision], sources: Sequence[DecisionSource]
+) -> None:
+    """Add a session's decisions to ``counters["inductor"]``: adopted, or disqualified by status."""
+    inductor_stats = counters["inductor"]
+    for decision, source in zip(decisions, sources, strict=True):
+        if source is not DecisionSource.BENCHMARKED:
+            inductor_stats["collective_autotuning_decisions_adopted"] += 1
+            continue
+        for result in decision.results:
+            if result.status is not CandidateStatus.OK:
+                inductor_stats[
+                    "collective_autotuning_disqualified_" + result.status.name.lower()
+                ] += 1
+
+
+def count_session(sources: Sequence[DecisionSource], session_s: float) -> None:
+    """Add one session, its ops benchmarked and recalled, and its seconds to the counters."""
+    counters["inductor"]["collective_autotuning_sessions"] += 1
+    stats = counters["collective_autotuning"]
+    benchmarked = sum(source is DecisionSource.BENCHMARKED for source in sources)
+    stats["ops"] += benchmarked
+    stats["recalled"] += len(sources) - benchmarked
+    # The session besides compiling: joins, runs and agreements (float
+    # seconds in Dynamo's int-typed counters: see timing.timed).
+    stats["session_s"] += session_s  # type: ignore[assignment]

@@ -8,31 +8,27 @@ failures and measurement: ``docs/modules.md``, "session.py".
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import dataclasses
-import itertools
 import logging
-import math
 import time
 from typing import Any, TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
 from torch._dispatch.python import no_python_dispatcher
 from torch._dynamo.utils import counters
 
-from .decisions import (
-    CandidateResult,
-    CandidateStatus,
-    earliest_failure,
-    FailureReport,
-    first_tensor,
-    interleaved_order,
-    outputs_match,
-    RankReport,
+from .decisions import CandidateResult, CandidateStatus, FailureReport, RankReport
+from .failures import (
+    agreed_results,
+    classify,
+    FailureAgreements,
+    LocalOutcomes,
+    phase_metadata,
+    Resume,
+    Step,
+    StepFailed,
 )
 from .known_crashes import known_crash
+from .rules import first_tensor, interleaved_order, outputs_match
 from .store import CollectiveBenchmarkError
 from .timing import CallFailed, time_calls, timed, wait_device
 
@@ -40,252 +36,16 @@ from .timing import CallFailed, time_calls, timed, wait_device
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    import torch
+
     from .channels import BenchmarkChannel
     from .control import ControlStore
     from .types import Candidate, CollectiveBenchmarkConfig
 
 
-__all__ = ["SessionRun", "classify"]
+__all__ = ["SessionRun"]
 
 log = logging.getLogger(__name__)
-
-
-def _phase_metadata(
-    control: ControlStore, plans: Sequence[tuple[str, Sequence[Candidate]]]
-) -> dict[str, Any]:
-    # What each phase's compile event names: the group, and how many
-    # candidates the session benchmarks (the ops' own, without twins).
-    return {
-        "group": control.group_name,
-        "candidates": sum(len(candidates) for _, candidates in plans),
-    }
-
-
-def classify(error: BaseException) -> CandidateStatus:
-    """The status of a step that raised ``error`` on this member."""
-    # c10d has no exception type for a timed-out collective, and gloo raises
-    # a bare RuntimeError both for one ("Timed out waiting 2000ms for recv
-    # operation to complete") and for a peer that left ("Connection closed
-    # by peer"): for those, the message is all there is.  Everything else
-    # goes by type (DistError: DistBackendError, DistNetworkError,
-    # DistStoreError).
-    message = str(error).lower()
-    if isinstance(error, TimeoutError) or "timed out" in message:
-        return CandidateStatus.TIMED_OUT
-    if (
-        isinstance(error, dist.DistError)
-        or "connection closed" in message
-        or "connection reset" in message
-    ):
-        return CandidateStatus.PEER_FAILED
-    return CandidateStatus.RAISED
-
-
-# How much of an error's first line a failure post carries to the other
-# members (the store holds it until the session ends).
-_ERROR_CHARS = 160
-
-
-class _StepFailed(Exception):
-    def __init__(
-        self,
-        status: CandidateStatus,
-        stage: str,
-        error: BaseException | None = None,
-        step: int | None = None,
-    ) -> None:
-        super().__init__(f"{status.name} during {stage}: {error!r}")
-        self.status = status
-        # Where, and the error: what every member's report of the step names.
-        self.stage = stage if error is None else f"{stage}: {_first_line(error)}"
-        self.step = step  # in the session's schedule; None: the step the caller is at
-
-
-def _first_line(error: BaseException) -> str:
-    text = f"{type(error).__name__}: {str(error).strip()}".splitlines()[0]
-    return text if len(text) <= _ERROR_CHARS else text[: _ERROR_CHARS - 3] + "..."
-
-
-@dataclasses.dataclass(frozen=True)
-class _Step:
-    """One step of a session's schedule: the unit in which failures are reported."""
-
-    op: int  # position among the session's benchmarked ops
-    candidate: int  # index among the op's candidates, in preference order
-    timed: bool  # False: the candidate's warmup; True: one of its timed runs
-    run: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class _Resume:
-    """Where a session's schedule resumes after a failure agreement."""
-
-    op: int
-    # The first candidate to warm up again; None: the op's timed runs.
-    warmup_from: int | None
-
-
-class _LocalOutcomes:
-    """This member's outcomes in a session, which its exchange sends."""
-
-    def __init__(self) -> None:
-        self.statuses: dict[tuple[int, int], CandidateStatus] = {}
-        self.samples: dict[tuple[int, int], list[float]] = {}
-        # per op: its default's first output
-        self.references: dict[int, torch.Tensor] = {}
-
-    def record_runs(
-        self, op: int, candidates: Sequence[int], times: Sequence[float]
-    ) -> None:
-        for index in set(candidates):
-            self.samples[(op, index)] = []
-        for index, ms in zip(candidates, times, strict=True):
-            self.samples[(op, index)].append(ms)
-
-    def forget_from(self, resume: _Resume) -> None:
-        # What runs again after the resume point is measured again.
-        def runs_again(op: int, index: int) -> bool:
-            if op != resume.op:
-                return op > resume.op
-            return resume.warmup_from is not None and index >= resume.warmup_from
-
-        for key in [key for key in self.samples if key[0] >= resume.op]:
-            del self.samples[key]
-        for key in [key for key in self.statuses if runs_again(*key)]:
-            del self.statuses[key]
-        for op in [op for op in self.references if runs_again(op, 0)]:
-            del self.references[op]
-
-    def flatten(self, op: int, index: int, nruns: int) -> list[float]:
-        samples = self.samples.get((op, index), [])
-        status = self.statuses.get((op, index), CandidateStatus.OK)
-        return [float(status), *samples, *[math.nan] * (nruns - len(samples))]
-
-
-class _FailureAgreements:
-    """A session's failure agreements, and what they decided so far.
-
-    Every member posts the step it failed at, and every member applies the
-    same rule to the same posts (``earliest_failure``), so that this state
-    stays the same on every member without a collective: it is what the
-    session resumes from, and it cannot travel on the channel that failed.
-    """
-
-    def __init__(
-        self,
-        plans: Sequence[tuple[str, Sequence[Candidate]]],
-        excluded: dict[tuple[int, int], CandidateResult],
-        retries: int,
-        control: ControlStore,
-    ) -> None:
-        self.plans = plans
-        self.retries = retries
-        self.control = control
-        self.competing = [
-            [(op, index) not in excluded for index in range(len(candidates))]
-            for op, (_, candidates) in enumerate(plans)
-        ]
-        self.failed = dict(excluded)
-        self.attempts: dict[tuple[int, int], int] = collections.defaultdict(lambda: 1)
-        self.exchange_attempts = 1
-        self.epoch = 0
-
-    def agree(self, schedule: list[_Step], failure: FailureReport) -> _Resume | None:
-        """Agree with every member on the step that failed; where the session resumes.
-
-        ``failure`` is this member's report; a member that
-        committed posts nothing and counts as past every step.  Returns None
-        when every member exchanged (the commit failed somewhere: the session
-        is over).  Raises :class:`CollectiveBenchmarkError` when the exchange
-        failed more than ``retries + 1`` times.
-        """
-        exchange, commit = len(schedule), len(schedule) + 1
-        self.epoch += 1
-        counters["collective_autotuning"]["failure_agreements"] += 1
-        with timed(
-            "failure_agreement", "sync", **_phase_metadata(self.control, self.plans)
-        ):
-            posts = self.control.gather(
-                f"failure{self.epoch}",
-                failure.to_json(),
-                "failure agreement",
-                also="committed",
-            )
-        past_commit = FailureReport(commit + 1, CandidateStatus.OK, "committed")
-        failed_step, reports, stage = earliest_failure(
-            [
-                past_commit if post is None else FailureReport.from_json(post)
-                for post in posts
-            ]
-        )
-        if failed_step >= commit:
-            return None
-        if failed_step == exchange:
-            if self.exchange_attempts > self.retries + 1:
-                raise CollectiveBenchmarkError(
-                    "collective autotuning: the exchange of group "
-                    f"{self.control.group_name!r} failed {self.exchange_attempts} "
-                    f"times ({stage}); its channel cannot carry a collective"
-                )
-            self.exchange_attempts += 1
-            return _Resume(op=len(self.plans), warmup_from=0)
-        blamed = schedule[failed_step]
-        key = (blamed.op, blamed.candidate)
-        status = max(report.status for report in reports)
-        if status.retryable and self.attempts[key] <= self.retries:
-            self.attempts[key] += 1
-        else:
-            self.failed[key] = CandidateResult(
-                self.plans[blamed.op][1][blamed.candidate].name,
-                reports,
-                self.attempts[key],
-                stage,
-            )
-            self.competing[blamed.op][blamed.candidate] = False
-        # A failure in a warmup resumes at that candidate's warmup; one in
-        # the timed runs restarts the op's timed runs, which must all see
-        # the same stretch of time.
-        return _Resume(
-            op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate
-        )
-
-
-def _agreed_results(
-    plans: Sequence[tuple[str, Sequence[Candidate]]],
-    nruns: int,
-    gathered: list[list[float]],
-    failed: dict[tuple[int, int], CandidateResult],
-    attempts: dict[tuple[int, int], int],
-) -> list[list[CandidateResult]]:
-    # A candidate's result is the failure agreed for it, or else what every
-    # member sent for it in the exchange (the layout of _LocalOutcomes.flatten).
-    width = 1 + nruns  # a candidate's status and timed runs
-    offsets = list(
-        itertools.accumulate(
-            [len(candidates) * width for _, candidates in plans], initial=0
-        )
-    )
-
-    def rank_reports(op: int, index: int) -> tuple[RankReport, ...]:
-        start = offsets[op] + index * width
-        return tuple(
-            RankReport(
-                CandidateStatus(int(row[start])),
-                tuple(row[start + 1 : start + width]),
-            )
-            for row in gathered
-        )
-
-    return [
-        [
-            failed.get((op, index))
-            or CandidateResult(
-                candidate.name, rank_reports(op, index), attempts[(op, index)]
-            )
-            for index, candidate in enumerate(candidates)
-        ]
-        for op, (_, candidates) in enumerate(plans)
-    ]
 
 
 class SessionRun:
@@ -332,7 +92,7 @@ class SessionRun:
         ]
         self._has_twin = [twin is not None for twin in twins]
         self.twin_results: list[CandidateResult | None] = [None] * len(plans)
-        self._metadata = _phase_metadata(control, plans)
+        self._metadata = phase_metadata(control, plans)
 
     def _unsafe(
         self,
@@ -370,7 +130,7 @@ class SessionRun:
         if crash is not None:
             op, entry = crash
             return entry.reason(op)
-        # See "Memory safety on gloo" in benchmarker.py.
+        # See docs/modules.md, "Memory safety on gloo".
         if (
             self.channel.backend == "gloo"
             and not self.config.allow_gloo_overlap
@@ -415,12 +175,12 @@ class SessionRun:
         # session resumes, the same way on every member; step len(schedule) is
         # the exchange, the next one the commit, and a member that committed
         # counts as past every step.
-        agreements = _FailureAgreements(
+        agreements = FailureAgreements(
             self.plans, self.excluded, self.config.retries, self.control
         )
-        local = _LocalOutcomes()
+        local = LocalOutcomes()
         gathered: list[list[float]] | None = None
-        resume: _Resume | None = _Resume(op=0, warmup_from=0)
+        resume: Resume | None = Resume(op=0, warmup_from=0)
         while resume is not None:
             schedule = self._schedule(agreements.competing, resume)
             exchange, commit = len(schedule), len(schedule) + 1
@@ -435,7 +195,7 @@ class SessionRun:
                 self._commit()
                 self.control.count("committed")
                 break
-            except _StepFailed as error:
+            except StepFailed as error:
                 failed_at = step if error.step is None else error.step
                 failure = FailureReport(failed_at, error.status, error.stage)
                 # No traceback: a failed candidate step is expected here.
@@ -455,7 +215,7 @@ class SessionRun:
         # The loop ends after this rank's exchange (a failure at the commit
         # comes after every member exchanged).
         assert gathered is not None
-        return _agreed_results(
+        return agreed_results(
             self.plans,
             self.config.nruns,
             gathered,
@@ -463,27 +223,27 @@ class SessionRun:
             agreements.attempts,
         )
 
-    def _schedule(self, competing: list[list[bool]], resume: _Resume) -> list[_Step]:
-        steps: list[_Step] = []
+    def _schedule(self, competing: list[list[bool]], resume: Resume) -> list[Step]:
+        steps: list[Step] = []
         for op in range(resume.op, len(self.plans)):
             active = [index for index, on in enumerate(competing[op]) if on]
             warmup_from = resume.warmup_from if op == resume.op else 0
             if warmup_from is not None:
                 twin = len(self.plans[op][1]) - 1 if self._has_twin[op] else None
                 steps += [
-                    _Step(op, index, timed=False)
+                    Step(op, index, timed=False)
                     for index in active
                     if index >= warmup_from and index != twin
                 ]
             for run in range(self.config.nruns):
                 order = interleaved_order(len(active), f"{self.plans[op][0]}|{run}")
                 steps += [
-                    _Step(op, active[position], timed=True, run=run)
+                    Step(op, active[position], timed=True, run=run)
                     for position in order
                 ]
         return steps
 
-    def _run_op(self, schedule: list[_Step], start: int, local: _LocalOutcomes) -> int:
+    def _run_op(self, schedule: list[Step], start: int, local: LocalOutcomes) -> int:
         # Runs the steps of one op from schedule[start]; returns where the next
         # op starts.
         op = schedule[start].op
@@ -497,7 +257,7 @@ class SessionRun:
             try:
                 stack.enter_context(self.channel.registered())
             except Exception as error:
-                raise _StepFailed(
+                raise StepFailed(
                     classify(error), "channel setup", error, step=start
                 ) from error
             for i in range(start, timed_steps[0] if timed_steps else end):
@@ -510,7 +270,7 @@ class SessionRun:
                             calls, self.device, self.config.timeout.total_seconds()
                         )
                 except CallFailed as failure:
-                    raise _StepFailed(
+                    raise StepFailed(
                         classify(failure.error),
                         "timed runs",
                         failure.error,
@@ -522,11 +282,11 @@ class SessionRun:
         return end
 
     def _warm_up(
-        self, index: int, step: _Step, candidate: Candidate, local: _LocalOutcomes
+        self, index: int, step: Step, candidate: Candidate, local: LocalOutcomes
     ) -> None:
         error = self.prepare_errors.get((step.op, step.candidate))
         if error is not None:
-            raise _StepFailed(CandidateStatus.RAISED, "prepare", error, step=index)
+            raise StepFailed(CandidateStatus.RAISED, "prepare", error, step=index)
         counters["collective_autotuning"]["rounds"] += 1
         status = CandidateStatus.OK
         try:
@@ -537,11 +297,11 @@ class SessionRun:
                         status = self._screen(step, candidate, value, local)
                 wait_device(self.device, self._deadline())
         except Exception as error:
-            raise _StepFailed(classify(error), "warmup", error, step=index) from error
+            raise StepFailed(classify(error), "warmup", error, step=index) from error
         local.statuses[(step.op, step.candidate)] = status
 
     def _screen(
-        self, step: _Step, candidate: Candidate, value: Any, local: _LocalOutcomes
+        self, step: Step, candidate: Candidate, value: Any, local: LocalOutcomes
     ) -> CandidateStatus:
         # The default's first output is the reference of its op; another
         # candidate's output must match it.  A mismatch is still timed on
@@ -556,7 +316,7 @@ class SessionRun:
             return CandidateStatus.WRONG_RESULT
         return CandidateStatus.OK
 
-    def _exchange(self, local: _LocalOutcomes) -> list[list[float]]:
+    def _exchange(self, local: LocalOutcomes) -> list[list[float]]:
         # Every candidate's status and timed runs on every member, in one collective.
         flat = [
             value
@@ -568,7 +328,7 @@ class SessionRun:
             with timed("exchange", "sync", **self._metadata):
                 gathered = self.channel.all_gather(flat)
         except Exception as error:
-            raise _StepFailed(classify(error), "exchange", error) from error
+            raise StepFailed(classify(error), "exchange", error) from error
         counters["collective_autotuning"]["exchanges"] += 1
         return gathered
 
@@ -577,7 +337,7 @@ class SessionRun:
             with timed("commit", "sync", **self._metadata):
                 self.channel.all_reduce_max(0.0)
         except Exception as error:
-            raise _StepFailed(classify(error), "commit", error) from error
+            raise StepFailed(classify(error), "commit", error) from error
 
     def _deadline(self) -> float:
         return time.monotonic() + self.config.timeout.total_seconds()

@@ -124,7 +124,7 @@ class Candidate:
     a candidate whose signature is not the same on every member is
     disqualified at the join, without running.  ``in_flight`` is the most
     collectives ``fn`` keeps in flight at once on one group (part of the
-    signature; see "Memory safety on gloo" in ``benchmarker.py``), and
+    signature; see ``docs/modules.md``, "Memory safety on gloo"), and
     ``collectives`` the collective ops its graph calls (``namespace::name``;
     see ``known_crashes.py``).
     """

@@ -1,0 +1,350 @@
+"""The decision rules of collective benchmarking: pure functions of what the ranks agreed on.
+
+Every rank of a group applies these rules to the same inputs (the exchanged
+reports) and so takes the same decision without further communication.
+Nothing here touches a process group or the store, which is what makes the
+rules testable without ranks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import statistics
+from typing import Any, NamedTuple, TYPE_CHECKING
+
+import torch
+
+from .decisions import (
+    CandidateResult,
+    CandidateStatus,
+    CollectiveDecision,
+    DecisionRule,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+__all__ = [
+    "apply_speedup_threshold",
+    "beats_default",
+    "compare_with_default",
+    "decide",
+    "first_tensor",
+    "interleaved_order",
+    "is_default_choice",
+    "noise_floor",
+    "outputs_match",
+    "PairedComparison",
+    "pick_winner",
+    "relative_advantages",
+    "SCREENING_TOLERANCES",
+    "sign_test_p_value",
+    "tuned_nothing",
+    "Verdict",
+    "worth_storing",
+]
+
+
+# Screening tolerances (rtol, atol) per output dtype.  Candidates legitimately
+# reduce in a different order than the default (a ring all_reduce against
+# reduce_scatter + all_gather), so floating types allow a few ulps per rank on
+# top of torch.testing's defaults; integer and bool outputs must match exactly.
+SCREENING_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1e-5),
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float8_e4m3fn: (1.25e-1, 1e-1),
+    torch.float8_e5m2: (2.5e-1, 1e-1),
+}
+
+
+# --- choosing -------------------------------------------------------------------
+def pick_winner(times_ms: Sequence[float], tie_tolerance: float) -> int | None:
+    """Index of the winner among ``times_ms``, listed in preference order.
+
+    Disqualified candidates have an infinite time.  Every candidate within
+    ``tie_tolerance`` (relative) of the fastest is tied with it, and the first
+    tied candidate wins: the result depends only on the agreed times and the
+    order, never on noise below the tolerance.  ``None`` when all are infinite.
+    """
+    qualified = [i for i, t in enumerate(times_ms) if math.isfinite(t)]
+    if not qualified:
+        return None
+    fastest = min(times_ms[i] for i in qualified)
+    return next(i for i in qualified if times_ms[i] <= fastest * (1.0 + tie_tolerance))
+
+
+def sign_test_p_value(advantages: Sequence[float]) -> float:
+    """One-sided sign test: the chance of at least this many positive ``advantages`` if each were a coin flip.
+
+    Ties (zero) are dropped.  Distribution-free: it uses only which of two
+    paired runs was faster, so a few outliers cannot move it.
+    """
+    signs = [a for a in advantages if a != 0]
+    wins = sum(a > 0 for a in signs)
+    n = len(signs)
+    if n == 0:
+        return 1.0
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
+
+
+def relative_advantages(
+    candidate: CandidateResult, default: CandidateResult
+) -> list[float]:
+    """Per timed run, how much faster ``candidate`` was than ``default``, as a
+    fraction of the default's time (negative: slower).
+
+    The two ran interleaved, so run ``i`` of each saw the same moment of the
+    machine: their difference in that run is free of drift.
+    """
+    return [
+        (d - c) / d if d > 0 else 0.0
+        for d, c in zip(default.runs_ms, candidate.runs_ms, strict=True)
+    ]
+
+
+def noise_floor(default: CandidateResult, twin: CandidateResult | None) -> float:
+    """The session's noise: the median relative difference, run by run, between
+    the default and its *twin* (the same implementation, timed again in every
+    interleaved iteration).  0 without a twin."""
+    if twin is None or twin.status is not CandidateStatus.OK:
+        return 0.0
+    differences = [abs(a) for a in relative_advantages(twin, default)]
+    return statistics.median(differences) if differences else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedComparison:
+    """A candidate against the default, run by run (they ran interleaved).
+
+    ``wins`` of ``runs`` paired runs were faster than the default's;
+    ``p_value`` is their one-sided :func:`sign_test_p_value`, and
+    ``advantage`` the median relative advantage (negative: slower).
+    """
+
+    wins: int
+    runs: int
+    p_value: float
+    advantage: float
+
+    def summary(self, floor: float) -> str:
+        return (
+            f"faster than the default in {self.wins} of {self.runs} runs (sign test "
+            f"p={self.p_value:.3g}), by {self.advantage:.1%} at the median against "
+            f"a noise floor of {floor:.1%}"
+        )
+
+
+def compare_with_default(
+    candidate: CandidateResult, default: CandidateResult
+) -> PairedComparison:
+    """How ``candidate`` did against ``default`` in their paired timed runs."""
+    advantages = relative_advantages(candidate, default)
+    return PairedComparison(
+        wins=sum(a > 0 for a in advantages),
+        runs=len(advantages),
+        p_value=sign_test_p_value(advantages),
+        advantage=statistics.median(advantages) if advantages else 0.0,
+    )
+
+
+def beats_default(
+    candidate: CandidateResult,
+    default: CandidateResult,
+    confidence: float,
+    twin: CandidateResult | None = None,
+) -> tuple[bool, str]:
+    """Whether ``candidate`` beats ``default`` by more than the session's noise, and why.
+
+    Two conditions, on the paired runs: the candidate was faster in
+    significantly more runs than chance (:func:`sign_test_p_value` at most
+    ``1 - confidence``), and by more than the noise floor: its median
+    relative advantage exceeds the median relative difference between the
+    default and its ``twin`` (:func:`noise_floor`), so that a difference of
+    the size that two runs of one program show is never taken for a speedup.
+    """
+    comparison = compare_with_default(candidate, default)
+    floor = noise_floor(default, twin)
+    beats = comparison.p_value <= 1.0 - confidence and comparison.advantage > floor
+    return beats, comparison.summary(floor)
+
+
+class Verdict(NamedTuple):
+    """What :func:`decide` chose: the index of the winner (``None``: nothing
+    qualified), the rule that chose it, the reason in words, and the
+    session's :func:`noise_floor` (0 without a default and its twin)."""
+
+    winner: int | None
+    rule: DecisionRule
+    reason: str
+    noise_floor: float = 0.0
+
+
+def decide(
+    results: Sequence[CandidateResult],
+    has_default: bool,
+    tie_tolerance: float,
+    confidence: float,
+    twin: CandidateResult | None = None,
+) -> Verdict:
+    """The winner among ``results`` (in preference order, the default first when
+    ``has_default``), the rule that chose it and the reason.
+
+    The fastest qualified candidate wins, near-ties going to the earlier
+    (:func:`pick_winner`); a winner other than the default must also beat the
+    default beyond noise (:func:`beats_default`, with the default's ``twin``
+    when it was timed), or the default stays.  A default without a result
+    decides nothing (no winner): one that raised (``DEFAULT_FAILED``) is the
+    op's own code, which the program runs untuned anyway, so its failure is
+    the benchmark harness's; one that timed out, lost a peer or was not run
+    (``NO_REFERENCE``) leaves the others screened against no reference.
+    """
+    if has_default and results[0].status is not CandidateStatus.OK:
+        return _without_default_result(results[0])
+    times = [result.time_ms for result in results]
+    index = pick_winner(times, tie_tolerance)
+    if index is None:
+        return Verdict(
+            None,
+            DecisionRule.ALL_FAILED,
+            "no candidate qualified: every rank uses the default",
+        )
+    fastest = min(times)
+    rule, reason = (
+        (DecisionRule.FASTEST, "fastest")
+        if times[index] == fastest
+        else (
+            DecisionRule.NEAR_TIE,
+            f"within {tie_tolerance:.0%} of the fastest ({fastest:.4f} ms); ties go "
+            "to the default, then to registration order",
+        )
+    )
+    if not has_default:
+        return Verdict(index, rule, reason)
+    floor = noise_floor(results[0], twin)
+    if index == 0:
+        return Verdict(index, rule, reason, floor)
+    beats, summary = beats_default(results[index], results[0], confidence, twin)
+    if beats:
+        return Verdict(index, DecisionRule.SIGNIFICANT, f"{reason}; {summary}", floor)
+    return Verdict(
+        0,
+        DecisionRule.DO_NO_HARM,
+        f"the default stays: {results[index].name} was {summary}: within the "
+        f"session's noise at {confidence:.0%} confidence",
+        floor,
+    )
+
+
+def _without_default_result(default: CandidateResult) -> Verdict:
+    what = f"the default {default.name} {default.status.description}" + (
+        f" in {default.stage}" if default.stage else ""
+    )
+    if default.status is CandidateStatus.RAISED:
+        return Verdict(
+            None,
+            DecisionRule.DEFAULT_FAILED,
+            f"{what}: the op's own code failed where the program runs it, so "
+            "the benchmark, not a candidate, is at fault; nothing is tuned and "
+            "every rank uses the default",
+        )
+    return Verdict(
+        None,
+        DecisionRule.NO_REFERENCE,
+        f"{what}: no candidate can be screened or timed against it; nothing "
+        "is tuned and every rank uses the default",
+    )
+
+
+# The rules of a default without a result: decisions that say nothing of the
+# candidates.
+_DEFAULT_UNMEASURED = frozenset(
+    {DecisionRule.DEFAULT_FAILED, DecisionRule.NO_REFERENCE}
+)
+
+
+def tuned_nothing(decision: CollectiveDecision) -> bool:
+    """Whether ``decision`` kept the default because nothing could be measured."""
+    return decision.rule is DecisionRule.ALL_FAILED or not worth_storing(decision)
+
+
+def worth_storing(decision: CollectiveDecision) -> bool:
+    """Whether ``decision`` says something about the candidates that outlives the process.
+
+    Not when the default had no result: the process keeps such a decision,
+    so that a recompile neither reruns the session nor warns again, but
+    stores none, so that the next process tries again.
+    """
+    return decision.rule not in _DEFAULT_UNMEASURED
+
+
+def interleaved_order(count: int, seed: str) -> list[int]:
+    """The order of one interleaved iteration over ``count`` candidates: a shuffle that every
+    rank draws alike from ``seed`` (the op and the iteration)."""
+    order = list(range(count))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def is_default_choice(choice: Any) -> bool:
+    """Whether an Inductor choice is the op's own eager implementation (it has no subgraph)."""
+    return getattr(choice, "gm", None) is None
+
+
+def apply_speedup_threshold(
+    decision: CollectiveDecision, default: str | None, threshold: float
+) -> CollectiveDecision:
+    """``decision`` under ``min_speedup_threshold``: a winner other than the default
+    (named ``default``; ``None`` when the op has none) must be at least
+    ``threshold`` times faster than it at the agreed medians, or the default
+    stays.  A pure function of agreed data, like :func:`decide`, so every rank
+    of the group takes the same decision.
+    """
+    winner = decision.winner
+    if default is None or winner is None or winner == default or threshold <= 1.0:
+        return decision
+    default_ms, winner_ms = decision.time_ms(default), decision.time_ms(winner)
+    if not math.isfinite(default_ms):
+        return decision  # the default was disqualified: nothing to fall back to
+    speedup = default_ms / winner_ms if winner_ms > 0 else 0.0
+    if speedup >= threshold:
+        return decision
+    return dataclasses.replace(
+        decision,
+        winner=default,
+        rule=DecisionRule.MIN_SPEEDUP,
+        reason=(
+            f"the default stays: {winner} ({decision.reason}) is {speedup:.2f}x "
+            f"faster, below min_speedup_threshold={threshold:g}"
+        ),
+    )
+
+
+# --- screening ------------------------------------------------------------------
+def first_tensor(value: Any) -> torch.Tensor | None:
+    """The output tensor of a candidate's result: itself, or the first tensor of a sequence."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)):
+        return next((item for item in value if isinstance(item, torch.Tensor)), None)
+    return None
+
+
+def outputs_match(output: torch.Tensor | None, reference: torch.Tensor | None) -> bool:
+    """Whether a candidate's output equals the default's within :data:`SCREENING_TOLERANCES`."""
+    if reference is None:
+        return (
+            True  # the default did not produce a reference: nothing to screen against
+        )
+    if (
+        output is None
+        or output.shape != reference.shape
+        or output.dtype != reference.dtype
+    ):
+        return False
+    rtol, atol = SCREENING_TOLERANCES.get(reference.dtype, (0.0, 0.0))
+    return torch.allclose(output, reference, rtol=rtol, atol=atol, equal_nan=True)
