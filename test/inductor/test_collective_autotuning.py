@@ -21,7 +21,7 @@ chosen call), in each class: an exception on one rank during warmup and
 during timed runs, an exception on every rank, a wrong result on one rank (all
 in one op, next to a healthy candidate that must win); every candidate
 failing; one rank stalling once past the timeout, without and with a retry;
-and, at 2 and 4 ranks on both paths, a rank killed mid-benchmark.  Each
+and a rank killed mid-benchmark (at 2 ranks on V1, 4 on V2).  Each
 asserts on every surviving rank the winner, that every rank ran it, the
 numerical result and a generous wall-time bound that only a hang would break.  A 4-rank class per path runs two tensor-parallel
 groups, one of which starts compiling later than the timeout.
@@ -30,9 +30,9 @@ A default that fails (the harness's fault, not a candidate's) tunes nothing:
 every rank runs the default and warns, naming each candidate's error; with
 ``collective_benchmark_strict`` (which ``conftest.py`` sets for every test)
 the compile fails on every rank, the group still in step.  No log names
-another winner than the one taken.  ``TestCollectiveBareInit{2,3}Ranks``
-runs jobs whose group was made by ``init_process_group()`` without a
-backend: the known winner, and a candidate raising on one rank
+another winner than the one taken.  ``TestCollectiveBareInit2RanksV1`` and
+``...3RanksV2`` run jobs whose group was made by ``init_process_group()``
+without a backend: the known winner, and a candidate raising on one rank
 disqualified everywhere.
 
 Memory safety on gloo, at 2 and 4 ranks: a user's candidate that keeps two
@@ -1006,11 +1006,13 @@ class BareInitTests(AutotuningTestMixin):
 # at 3 ranks, nor V1 at 4: the protocol is the same on both paths, an odd
 # world size runs in TestCollectiveBareInit3Ranks*, TestCollectivePrograms3Ranks*,
 # the control plane's and the Inductor passes' 3-rank classes, and CI's two
-# cores would spend some three minutes more; TestCollectiveKilledRank{2,4}Ranks...: the
-# killed-rank test, in processes of its own (not at 3 ranks: spawning them only
-# to skip would cost CI as much as the test; 2 and 4 ranks name the killed
-# rank alike); TestCollectiveBareInit{2,3}Ranks{V1,V2}: a process group
-# initialized without a backend (gloo is what c10d picks on CPU).
+# cores would spend some three minutes more; TestCollectiveKilledRank2Ranks...V1
+# and ...4Ranks...V2: the killed-rank test, in processes of its own, one path
+# per size (not at 3 ranks: spawning them only to skip would cost CI as much
+# as the test; 2 and 4 ranks name the killed rank alike, and both paths
+# agree on a failure in the same session code); TestCollectiveBareInit2RanksV1
+# and ...3RanksV2: a process group initialized without a backend (gloo is
+# what c10d picks on CPU), each path once.
 for _world_size in (2, 3, 4):
     for _backend, _label in (("gloo", "Gloo"), ("nccl", "NCCL")):
         for _path, _defer in (("V1", False), ("V2", True)):
@@ -1027,12 +1029,12 @@ for _world_size in (2, 3, 4):
                     (CollectiveAutotuningTests, RankProcessesTestCase),
                     _attributes,
                 )
-            if _backend == "gloo" and _world_size < 4:
+            if _backend == "gloo" and (_world_size, _defer) in ((2, False), (3, True)):
                 _name = f"TestCollectiveBareInit{_world_size}Ranks{_path}"
                 globals()[_name] = type(
                     _name, (BareInitTests, RankProcessesTestCase), _attributes
                 )
-            if _world_size == 3:
+            if (_world_size, _defer) not in ((2, False), (4, True)):
                 continue
             _name = f"TestCollectiveKilledRank{_world_size}Ranks{_label}{_path}"
             globals()[_name] = type(

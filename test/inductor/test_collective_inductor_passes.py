@@ -14,8 +14,8 @@ What this checks:
   ``candidate_compile_settings`` switches off, and it does switch each off.
   A torch that gains such a pass fails here until its switch is added.
 * Max-autotune with ``distributed_max_autotune_gemm`` beside collective
-  autotuning, a GEMM before the autotuned op, at 2 and 3 ranks, V1 and V2
-  (``TestCollectiveInductorPasses{2,3}Ranks{V1,V2}``): the known winner
+  autotuning, a GEMM before the autotuned op, at 2 ranks on V2 and 3 on V1
+  (``TestCollectiveInductorPasses2RanksV2``, ``...3RanksV1``): the known winner
   wins, every rank runs it, the result is exact, and distributed
   autotune's all-gather ran once on every rank (the program's graph), never
   in a candidate's compile.
@@ -186,14 +186,15 @@ class InductorPassesTests(AutotuningTestMixin):
         torch.testing.assert_close(result, expected, rtol=0, atol=0)
 
 
-for _world_size in (2, 3):
-    for _path, _defer in (("V1", False), ("V2", True)):
-        _name = f"TestCollectiveInductorPasses{_world_size}Ranks{_path}"
-        globals()[_name] = type(
-            _name,
-            (InductorPassesTests, RankProcessesTestCase),
-            {"WORLD_SIZE": _world_size, "DEFER": _defer, "__module__": __name__},
-        )
+# Each path once, at 2 and 3 ranks: the passes run in the compile, before
+# and around the session, whichever path holds it.
+for _world_size, _path, _defer in ((2, "V2", True), (3, "V1", False)):
+    _name = f"TestCollectiveInductorPasses{_world_size}Ranks{_path}"
+    globals()[_name] = type(
+        _name,
+        (InductorPassesTests, RankProcessesTestCase),
+        {"WORLD_SIZE": _world_size, "DEFER": _defer, "__module__": __name__},
+    )
 
 
 if __name__ == "__main__":
