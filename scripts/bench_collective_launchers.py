@@ -18,7 +18,9 @@ Prints one row per cell: non-zero exits among the launches and how the failing
 processes ended (a rank's signal, read from torchrun's or mp.spawn's report
 when they launched it), what the first launch and the same-size relaunches
 benchmarked and which implementation they ran, and whether the other-size
-relaunch retuned and was exact.
+relaunch retuned and was exact.  A launch that failed, or whose ranks ran
+another implementation than ``rs_ag``, leaves its ranks' reports and output
+in ``build/launcher-reports/<launcher>-<ranks>-<launch>/``.
 
 Usage:
   python scripts/bench_collective_launchers.py [--launches 20] [--nproc 2,3]
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import re
 import shutil
@@ -46,6 +49,10 @@ from collective_jobs import Job, launch, LAUNCHERS
 from rank_processes import DECISION_CACHES  # shared between cells: the rest
 
 WORKER = str(ROOT / "test" / "inductor" / "collective_job_worker.py")
+WINNER = "rs_ag"  # what the worker's ranks run whenever they benchmark
+# Where a launch that failed or ran another implementation leaves its ranks'
+# reports and output, which the job's temporary directory does not keep.
+KEPT = ROOT / "build" / "launcher-reports"
 
 
 def ran(job: Job) -> str:
@@ -71,6 +78,18 @@ def exact(job: Job) -> bool:
     )
 
 
+def keep_if_unexpected(job: Job, label: str) -> None:
+    """Copy ``job``'s reports and output under ``KEPT/label`` when it failed or ran another winner."""
+    if job.ok and ran(job) == WINNER:
+        return
+    kept = KEPT / label
+    kept.mkdir(parents=True, exist_ok=True)
+    (kept / "reports.json").write_text(json.dumps(job.reports, indent=1))
+    for rank, output in enumerate(job.outputs):
+        (kept / f"process{rank}.log").write_text(output)
+    print(f"  kept what {label} reported: {kept}", file=sys.stderr, flush=True)
+
+
 def run_cell(
     launcher: str, nproc: int, launches: int, root: Path, args: argparse.Namespace
 ) -> dict:
@@ -90,6 +109,7 @@ def run_cell(
             python=args.python,
         )
         jobs.append(job)
+        keep_if_unexpected(job, f"{launcher}-{nproc}-{index + 1}")
         print(
             f"  {launcher} x{nproc} #{index + 1}: "
             f"{'ok' if job.ok else ', '.join(job.failures())}, {job.seconds:.1f}s, "
@@ -106,6 +126,7 @@ def run_cell(
         timeout=args.timeout,
         python=args.python,
     )
+    keep_if_unexpected(other, f"{launcher}-{nproc}-other-size-{5 - nproc}")
     print(
         f"  {launcher} x{5 - nproc} (other size): "
         f"{'ok' if other.ok else ', '.join(other.failures())}, ran {ran(other)}, "
