@@ -1,10 +1,10 @@
 """Inductor's autotuning choices as collective benchmarking candidates.
 
-``select_algorithm`` (V1, at lowering) and ``deferral.py`` (V2, in
+``select_algorithm`` (V1, at lowering) and ``deferred_tuning.py`` (V2, in
 the scheduler) hand ``ChoiceCaller``s to the protocol through this module: it
-reads the process group the choices' collectives run on from their graphs,
-names them alike on every rank, describes the collectives each one issues
-(so that a choice whose collectives differ between ranks is disqualified at
+names them alike on every rank, gives each what its graph says of its
+collectives (``collective_graphs.py``: their group, and the signature by
+which a choice whose collectives differ between ranks is disqualified at
 the join instead of desynchronizing the others), and builds the runner of
 each choice on fixed benchmark inputs.
 

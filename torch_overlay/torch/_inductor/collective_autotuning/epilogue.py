@@ -1,6 +1,6 @@
 """The pointwise epilogue a deferred collective choice is timed with.
 
-Under the scheduler path (``deferral.py``), the candidates of a
+Under the scheduler path (``deferred_tuning.py``), the candidates of a
 collective custom op can be timed together with the op's *epilogue*: the
 chain of pointwise single users that follows the op in the post-grad graph.
 A candidate whose tail may fuse with it (generated code: a pointwise op, a

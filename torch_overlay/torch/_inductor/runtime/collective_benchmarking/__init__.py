@@ -32,8 +32,7 @@ Its modules, from the bottom up; each imports only modules listed before it:
 * ``join.py``: the pre-sync, which agrees on what a session benchmarks;
 * ``failures.py``: how a session's members agree on a failed step, and on each
   candidate's result;
-* ``session.py``: warmups, interleaved timed runs, exchange, commit, failure
-  agreements;
+* ``session.py``: warmups, interleaved timed runs, exchange, commit;
 * ``benchmarker.py``: the orchestrator, a session from the join to the decision
   (``CollectiveBenchmarker``), and the module that documents the protocol.
 """
