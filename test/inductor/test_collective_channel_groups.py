@@ -8,26 +8,31 @@ CUDA tensors).  What this checks, on one process (one-rank groups):
 * A channel serves the device types its group serves, each with the same
   backend, whatever the group was initialized with; a group that c10d did
   not build is an error that says so.
-* While the candidates run, c10d's lookups work on the channel
-  (``get_rank``, ``get_world_size``, ``get_backend``,
-  ``get_process_group_ranks``), and a collective that fails raises the
-  backend's own error, not a lookup's ``ValueError``; afterwards the channel
-  is out of c10d's tables again.
-* The user's program sees nothing of it: group names and ``group_count``
-  are the same after a session; ``destroy_process_group()`` releases the
-  channel, and a job that initializes again gets a new one.
+* The channel is a c10d group of its own, unique name: c10d's lookups work
+  on it (``get_rank``, ``get_world_size``, ``get_backend``,
+  ``get_process_group_ranks``, ``_get_group_tag``), and a collective that
+  fails raises the backend's own error, not a lookup's.  The group's name
+  resolves to the channel only while the candidates run; a group object
+  obtained meanwhile and kept is the channel, under the channel's name.
+* The program's groups keep their names: the group's name and
+  ``group_count`` are the same after a session, so groups created later are
+  named alike on ranks that tuned and ranks that did not;
+  ``destroy_process_group()`` destroys the channel with every group, and a
+  job that initializes again gets a new one.
 * A ``cpu:gloo,cuda:nccl`` group's NCCL part, built by a recording stand-in
   registered as c10d's NCCL backend: the channel's NCCL backend is bound to
-  the group's device, gets NCCL options, twice the protocol's timeout, the
-  group's global ranks and the channel's name, and its store still works
-  after ``gc.collect()`` (a store that c10d held only half of failed there
-  with "Not implemented" at NCCL's first collective).
+  the group's device, is not split from the group's, gets a copy of the
+  group's NCCL options, twice the protocol's timeout (its gloo part keeps
+  the protocol's), the group's global ranks and the channel's name, and its
+  store still works after ``gc.collect()``; a dropped channel is aborted
+  through c10d and leaves its tables.
 """
 
 from __future__ import annotations
 
 import gc
 from datetime import timedelta
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -43,7 +48,12 @@ from torch._inductor.runtime.collective_benchmarking.types import (
     Candidate,
     CollectiveBenchmarkConfig,
 )
-from torch.distributed.distributed_c10d import _world, Backend
+from torch.distributed.distributed_c10d import (
+    _get_group_tag,
+    _resolve_process_group,
+    _world,
+    Backend,
+)
 from torch.testing._internal.common_utils import (
     instantiate_parametrized_tests,
     parametrize,
@@ -109,16 +119,40 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
                 ),
                 (0, 1, "undefined", [0]),
             )
+            self.assertEqual(_get_group_tag(registered), registered.group_name)
             # c10d's logger around a failing collective looks the group up:
             # without the channel in its tables, a ValueError hid this error.
             with self.assertRaisesRegex(RuntimeError, "invalid tensor size"):
                 dist.all_gather_into_tensor(
                     torch.empty(3), torch.ones(2), group=registered
                 )
-        self.assertNotIn(registered, _world.pg_map)
-        self.assertEqual(_world.pg_names[group], group.group_name)
+        self.assertIs(_resolve_process_group(group.group_name), group)
+        self.assertEqual(_world.pg_names[registered], registered.group_name)
 
-    def test_the_program_sees_nothing_of_it(self):
+    def test_names_are_unique_and_a_kept_group_object_is_the_channel(self):
+        group = self.init(None)
+        channel = cc.BenchmarkChannel(group, CPU, TIMEOUT)
+        with channel.registered() as first:
+            kept = _resolve_process_group(group.group_name)
+        # What candidate code kept is the channel, not the user's group: its
+        # collectives ran on the channel while it lived (same ranks), and it
+        # is out of c10d's tables once the channel is dropped.
+        self.assertIs(kept, first)
+        self.assertRegex(kept.group_name, rf"^{group.group_name}:benchmark\d+$")
+        self.assertIs(_resolve_process_group(group.group_name), group)
+        tensor = torch.ones(2)
+        dist.all_reduce(tensor, group=kept)
+        self.assertEqual(tensor, torch.ones(2))
+        channel.drop()
+        self.assertNotIn(kept, _world.pg_map)
+        second = channel.get()
+        self.assertRegex(second.group_name, rf"^{group.group_name}:benchmark\d+$")
+        self.assertNotEqual(second.group_name, first.group_name)
+        names = list(_world.pg_names.values())
+        self.assertEqual(len(names), len(set(names)))
+        self.assertEqual(sorted(names), sorted([group.group_name, second.group_name]))
+
+    def test_the_programs_groups_keep_their_names(self):
         group = self.init(None)
         names, count = dict(_world.pg_names), _world.group_count
         name = group.group_name
@@ -136,16 +170,15 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
         decision = CollectiveBenchmarker(None, config).run(candidates, key="op")
         self.assertEqual(counters["collective_autotuning"]["ops"], 1)
         self.assertIn(decision.winner, {"default", "direct"})
-        self.assertEqual((dict(_world.pg_names), _world.group_count), (names, count))
-        self.assertEqual(len(_world.pg_map), 1)
-        state = cc._group_states[name]
-        self.assertIsNotNone(state.channel)
-        # destroy_process_group() releases it; a new group gets a new channel.
+        self.assertEqual(_world.group_count, count)
+        self.assertEqual(_world.pg_names[group], names[group])
+        built = cc._group_states[name].channel
+        self.assertEqual(set(_world.pg_map), {group, built})
+        # destroy_process_group() destroys it; a new group gets a new channel.
         dist.destroy_process_group()
-        gc.collect()
-        self.assertIsNone(state.channel)
+        self.assertNotIn(built, _world.pg_map)
         group = self.init(None)
-        self.assertIsNotNone(cc.BenchmarkChannel(group, CPU, TIMEOUT).get())
+        self.assertIsNot(cc.BenchmarkChannel(group, CPU, TIMEOUT).get(), built)
 
 
 class TestNcclPartOfAMixedGroup(ChannelGroupTestCase):
@@ -188,9 +221,12 @@ class TestNcclPartOfAMixedGroup(ChannelGroupTestCase):
         self.assertEqual(built.bound_device_id, torch.device("cuda", 3))
         self.assertEqual(options.timeout, 2 * TIMEOUT)  # the protocol aborts first
         self.assertEqual(options.global_ranks_in_group, [0])
-        self.assertEqual(options.group_id, f"{group.group_name}:benchmark")
+        self.assertEqual(options.group_id, built.group_name)
         self.assertIsNone(options.split_from)  # a split is a collective
         self.assertIsInstance(nccl_options, dist.ProcessGroupNCCL.Options)
+        self.assertEqual(
+            built._get_backend(CPU).options._timeout, TIMEOUT
+        )  # gloo's ends a collective a peer left
         self.assertEqual(set(built._device_types), set(group._device_types))
         self.assertEqual(channel.backend, "gloo")  # CPU candidates run on gloo
         # NCCL rendezvous at its first collective, long after the build; a
@@ -201,6 +237,14 @@ class TestNcclPartOfAMixedGroup(ChannelGroupTestCase):
             store.set("unique_id", "x")
             self.assertEqual(store.get("unique_id"), b"x")
         self.assertEqual(channel.all_gather([2.0]), [[2.0]])
+        # A dropped channel with an NCCL part is aborted, through c10d.
+        abort = dist.distributed_c10d._abort_process_group
+        with mock.patch.object(
+            dist.distributed_c10d, "_abort_process_group", wraps=abort
+        ) as aborted:
+            channel.drop()
+        aborted.assert_called_once_with(built)
+        self.assertNotIn(built, _world.pg_map)
 
 
 if __name__ == "__main__":

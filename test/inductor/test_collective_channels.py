@@ -170,13 +170,11 @@ class TestBenchmarkChannel(OneRankGroupTestCase):
         return cc.BenchmarkChannel(self.world, CPU, timedelta(seconds=seconds))
 
     def test_channel_runs_collectives(self):
-        keys = self.file_store.num_keys()
         channel = self.channel()
         group = channel.get()
         self.assertIsNot(group, self.world)
         self.assertEqual((group.size(), group.rank()), (1, 0))
-        self.assertEqual(group.group_name, f"{self.world.group_name}:benchmark")
-        self.assertEqual(self.file_store.num_keys(), keys)  # rendezvous keys deleted
+        self.assertRegex(group.group_name, rf"^{self.world.group_name}:benchmark\d*$")
         self.assertIs(channel.get(), group)
         self.assertIs(self.channel().get(), group)  # one channel per group
         self.assertEqual(channel.all_reduce_max(3.5), 3.5)

@@ -21,7 +21,7 @@ Its modules, from the bottom up; each imports only modules listed before it:
 * ``beats.py``: what a heartbeat carries, and what a watcher sees of a member;
 * ``liveness.py``: every process's heartbeat in the store, and its watch over the
   member a rendezvous waits for;
-* ``channel_builder.py``: a channel's backends, built as c10d builds the group's;
+* ``channel_builder.py``: a channel, built by c10d as a members-only group;
 * ``channels.py``: the private process groups candidates run on;
 * ``reporting.py``: each decision in the trace (a tlparse artifact) and in
   TORCH_LOGS, with why each candidate won or lost;

@@ -1,21 +1,21 @@
-"""How a benchmark channel is built: the group's own backends, on a prefix of the job's store.
+"""How a benchmark channel is built: a c10d group over the group's ranks, with its backends.
 
-:func:`build_channel` makes the c10d backend of every device type the group
-serves (:func:`served_backends`), with the group's backend options;
-``channels.py`` keeps one channel per group and registers it while
+:func:`build_channel` asks c10d for a members-only group under the channel's
+own name (``_new_group_with_tag`` with ``use_local_synchronization`` and
+``group_name``), with the backend of every device type the group serves
+(:func:`served_backends`) and the group's backend options; ``channels.py``
+keeps one channel per group and lets it stand in for the group while
 candidates run.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from typing import Any, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from .store import CollectiveBenchmarkError, main_store_client
+from .store import CollectiveBenchmarkError
 
 
 if TYPE_CHECKING:
@@ -24,54 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build_channel",
-    "BuiltChannel",
     "served_backends",
 ]
-
-
-class _RecordingStore(dist.Store):
-    """A store that remembers every key a process group asked it about."""
-
-    def __init__(self, inner: dist.Store) -> None:
-        super().__init__()
-        self.inner = inner
-        self.keys: set[str] = set()
-
-    def set(self, key: str, value: Any) -> None:
-        self.keys.add(key)
-        self.inner.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        self.keys.add(key)
-        return self.inner.get(key)
-
-    def add(self, key: str, value: int) -> int:
-        self.keys.add(key)
-        return self.inner.add(key, value)
-
-    def compare_set(self, key: str, expected_value: Any, desired_value: Any) -> bytes:
-        self.keys.add(key)
-        return self.inner.compare_set(key, expected_value, desired_value)
-
-    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self.keys.update(keys)
-        if timeout is None:
-            self.inner.wait(keys)
-        else:
-            self.inner.wait(keys, timeout)
-
-    def check(self, keys: list[str]) -> bool:
-        self.keys.update(keys)
-        return self.inner.check(keys)
-
-    def delete_key(self, key: str) -> bool:
-        return self.inner.delete_key(key)
-
-    def num_keys(self) -> int:
-        return self.inner.num_keys()
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self.inner.set_timeout(timeout)
 
 
 def served_backends(group: dist.ProcessGroup) -> dict[str, str]:
@@ -96,123 +50,62 @@ def _backend_config(group: dist.ProcessGroup) -> dist.distributed_c10d.BackendCo
     return dist.distributed_c10d.BackendConfig(config)
 
 
-@dataclasses.dataclass(frozen=True)
-class BuiltChannel:
-    """A channel, and the store its gloo backend rendezvoused on, which must live as long."""
-
-    group: dist.ProcessGroup
-    store: dist.Store
-    only_gloo: bool
-
-
-def _make_backend(
-    name: str,
-    store: dist.Store,
-    group: dist.ProcessGroup,
-    channel: dist.ProcessGroup,
-    channel_name: dist.distributed_c10d.GroupName,
-    timeout: timedelta,
-) -> Any:
-    # One backend of the channel, as _new_process_group_helper makes the
-    # group's: by the creator c10d registered for its name, never split from
-    # a parent (a split is a collective over the parent's ranks).
-    dist.Backend._ensure_backend_registered(name)
-    plugin = dist.Backend._plugins.get(name.upper())
-    if plugin is None:
-        raise CollectiveBenchmarkError(
-            f"collective autotuning: c10d has no backend {name!r} to build the "
-            f"benchmark channel of group {group.group_name!r} with"
-        )
-    # gloo's timeout is what ends a collective that a peer left; other
-    # backends' watchdogs end the process at theirs, after the protocol has
-    # aborted the channel.
-    deadline = timeout if name == "gloo" else 2 * timeout
-    if not plugin.extended_api:
-        return plugin.creator_fn(store, group.rank(), group.size(), deadline)
-    options = dist.distributed_c10d._DistributedBackendOptions()
-    options.store = store
-    options.group_rank = group.rank()
-    options.group_size = group.size()
-    options.timeout = deadline
-    options.group_id = channel_name
-    options.global_ranks_in_group = dist.get_process_group_ranks(group)
-    options.process_group = channel
-    options.split_from = None
-    return plugin.creator_fn(options, _backend_options(group, name))
-
-
-def _backend_options(group: dist.ProcessGroup, name: str) -> Any:
-    # NCCL: the group's stream priority, so that candidates are timed on the
-    # streams the program runs on; the creator sets timeout, ranks and name.
-    if name != "nccl":
+def _backend_options(group: dist.ProcessGroup, served: dict[str, str]) -> Any:
+    # NCCL: a copy of the group's options (the creator writes its timeout,
+    # ranks and name into them), so that candidates are timed on streams and
+    # a communicator configured as the program's.  gloo takes none.
+    if "nccl" not in served.values():
         return None
     options = dist.ProcessGroupNCCL.Options()
-    theirs = getattr(group._get_backend(torch.device("cuda")), "options", None)
-    options.is_high_priority_stream = bool(
-        getattr(theirs, "is_high_priority_stream", False)
-    )
+    theirs = group._get_backend(torch.device("cuda")).options
+    if isinstance(theirs, dist.ProcessGroupNCCL.Options):
+        options.is_high_priority_stream = theirs.is_high_priority_stream
+        options.lazy_init = theirs.lazy_init
+        options.config = theirs.config
     return options
 
 
 def build_channel(
-    group: dist.ProcessGroup, prefix: str, timeout: timedelta
-) -> BuiltChannel:
-    """A private process group over ``group``'s ranks, on a fresh ``prefix`` of the default store.
+    group: dist.ProcessGroup, name: str, timeout: timedelta
+) -> dist.ProcessGroup:
+    """A new c10d group named ``name`` over ``group``'s ranks, with ``group``'s backends.
 
-    It serves each device type ``group`` serves with the same backend
-    (:func:`served_backends`), bound to the group's device; it is not in
-    c10d's tables.  Every member of ``group`` must call it with the same
-    ``prefix``.  Raises :class:`CollectiveBenchmarkError` for a backend
-    c10d cannot build, and what the backend raises when the ranks cannot
-    connect.
+    Built by c10d's own constructor, so it is in c10d's tables, its
+    FlightRecorder and its ``destroy_process_group()``; only the members of
+    ``group`` call it (with the same ``name``, unique in the process), it
+    leaves the names of groups created later alone, and its communicators
+    are fresh (a split is collective over ranks that may not take part).
+    Raises :class:`CollectiveBenchmarkError` for a group c10d did not build,
+    ``ValueError`` for a name in use, and what the backend raises when the
+    members cannot connect within ``timeout``.
     """
     config = _backend_config(group)
     served = config.get_device_backend_map()
-    root = dist.distributed_c10d._get_default_store()
-    # gloo's keys are recorded, to be deleted once every member connected;
-    # the others' go to C++ stores (NCCL's may be used from its own threads,
-    # long after the build).
-    plain = dist.PrefixStore(prefix, root)
-    recording = _RecordingStore(dist.PrefixStore(prefix, root))
-    channel = dist.ProcessGroup(plain, group.rank(), group.size())
-    channel._set_default_backend(
-        dist.distributed_c10d._get_default_backend_type_for_backend_config(
-            config, group.bound_device_id
-        )
+    # gloo's timeout is what ends a collective that a peer left; other
+    # backends' watchdogs end the process at theirs, so the protocol must
+    # abort the channel first.
+    only_gloo = set(served.values()) == {"gloo"}
+    channel = dist.distributed_c10d._new_group_with_tag(
+        dist.get_process_group_ranks(group),
+        timeout=timeout if only_gloo else 2 * timeout,
+        # The name c10d recorded for the group (what get_backend() answers),
+        # which c10d resolves to the same backends in this process.
+        backend=dist.get_backend(group),
+        backend_options=_backend_options(group, served),
+        pg_tag=name,
+        use_local_synchronization=True,
+        group_desc=f"collective autotuning channel of {group.group_name}",
+        device_id=group.bound_device_id,
+        sort_ranks=False,  # group ranks as the group's
+        group_name=dist.distributed_c10d.GroupName(name),
     )
-    if group.bound_device_id is not None:
-        channel.bound_device_id = group.bound_device_id
-    channel_name = dist.distributed_c10d.GroupName(f"{group.group_name}:benchmark")
-    for name in dict.fromkeys(served.values()):
-        store = dist.PrefixStore(f"{name}/", recording if name == "gloo" else plain)
-        impl = _make_backend(name, store, group, channel, channel_name, timeout)
-        if isinstance(impl, dist.ProcessGroup):
-            raise CollectiveBenchmarkError(
-                f"collective autotuning: backend {name!r} of group "
-                f"{group.group_name!r} builds a whole process group; its "
-                "benchmark channel cannot mirror it"
-            )
-        backend_type = dist.Backend.backend_type_map.get(
-            name, dist.ProcessGroup.BackendType.CUSTOM
+    if not isinstance(channel, dist.ProcessGroup):
+        raise CollectiveBenchmarkError(
+            f"collective autotuning: this rank is not a member of group "
+            f"{group.group_name!r}, so it cannot build its channel"
         )
-        for device, served_by in served.items():
-            if served_by == name:
-                channel._register_backend(torch.device(device), backend_type, impl)
-    # Named once its backends exist, which take the name too (as c10d does).
-    channel._set_group_name(channel_name)
-    channel._set_group_desc(f"collective autotuning channel of {group.group_name}")
-    if "gloo" in served.values() and not _gloo_connects_lazily():
-        # Connected: the member that finishes last removes what they used
-        # (under the names PrefixStore gives them: prefix, "/", key).
-        client = main_store_client()
-        if client.add(f"{prefix}/built", 1) == group.size():
-            for key in [*sorted(recording.keys), "built"]:
-                client.delete(f"{prefix}/{key}")
-    return BuiltChannel(channel, recording, set(served.values()) == {"gloo"})
-
-
-def _gloo_connects_lazily() -> bool:
-    # TORCH_GLOO_LAZY_INIT makes gloo connect at its first collective, after
-    # the build: its keys must stay (c10d reads the variable as a bool).
-    value = os.environ.get("TORCH_GLOO_LAZY_INIT", "0").strip().lower()
-    return value in ("1", "true", "yes", "y", "on")
+    if not only_gloo:
+        for device, backend in served.items():
+            if backend == "gloo":
+                channel._get_backend(torch.device(device))._set_default_timeout(timeout)
+    return channel

@@ -1,12 +1,12 @@
 """Benchmark channels: private process groups that candidates run their collectives on.
 
 Candidates never run on the user's process group while they can fail.  Each
-group that tunes gets a *benchmark channel*: a process group over the same
-ranks, built on a fresh prefix of the job's store, and registered under the
+group that tunes gets a *benchmark channel*: a c10d group of its own name
+over the same ranks, built by its members only, and standing in for the
 group's name while candidates run (:func:`registered_as`), so that their
 functional collectives, which resolve their group by name, run on it.  A
-channel on which a collective failed is dropped, never reused.  Why, and why
-not ``new_group`` or ``split_group``:
+channel on which a collective failed is dropped, never reused.  Why, and
+what a candidate that keeps a group object gets:
 ``docs/modules.md``, "channels.py".
 """
 
@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from .channel_builder import build_channel, BuiltChannel, served_backends
-from .store import CollectiveBenchmarkTimeout, STORE_PREFIX
+from .channel_builder import build_channel, served_backends
+from .store import CollectiveBenchmarkTimeout
 from .timing import wait_device
 
 
@@ -43,22 +43,20 @@ log = logging.getLogger(__name__)
 
 
 @contextmanager
-def registered_as(
-    name: str, channel: dist.ProcessGroup, group: dist.ProcessGroup
-) -> Iterator[None]:
-    """Let ``channel`` stand in for ``group``, named ``name``, for the duration.
+def registered_as(name: str, channel: dist.ProcessGroup) -> Iterator[None]:
+    """Let the group name ``name`` resolve to ``channel`` for the duration.
 
     Functional collectives resolve their group by name at run time, so the
-    candidates' collectives run on ``channel`` (a benchmark channel); c10d
-    calls that look a group up in its tables (``get_rank(channel)``,
-    ``get_backend(channel)``, the logger around a failing collective) find
-    ``group``'s entries.  Everything is restored on exit.
+    candidates' collectives run on ``channel`` (a benchmark channel, a c10d
+    group of its own name, on which every c10d lookup works).  The name
+    resolves to its group again on exit.  The name is the process's, not
+    the thread's: another thread that resolves it meanwhile gets the
+    channel too (compiles, which run candidates, hold Dynamo's lock).
     """
     # The candidates are compiled naming the user's group, as the program
-    # will run them; re-tracing them for a channel's own name would time
+    # will run them; re-tracing them for the channel's own name would time
     # other code than the program's.  c10d has no public API to re-point a
-    # name, nor to enter a group in its tables without building it, hence
-    # its private registry and tables.
+    # name, hence its private registry.
     from torch._C._distributed_c10d import (
         _register_process_group,
         _resolve_process_group,
@@ -67,11 +65,6 @@ def registered_as(
 
     group_name = dist.distributed_c10d.GroupName(name)
     original = _resolve_process_group(group_name)
-    world = dist.distributed_c10d._world
-    world.pg_map[channel] = world.pg_map[group]
-    world.pg_names[channel] = world.pg_names[group]
-    world.pg_group_ranks[channel] = world.pg_group_ranks[group]
-    world.pg_backend_config[channel] = world.pg_backend_config[group]
     _unregister_process_group(group_name)
     _register_process_group(group_name, channel)
     try:
@@ -79,27 +72,22 @@ def registered_as(
     finally:
         _unregister_process_group(group_name)
         _register_process_group(group_name, original)
-        for table in (
-            world.pg_map,
-            world.pg_names,
-            world.pg_group_ranks,
-            world.pg_backend_config,
-        ):
-            table.pop(channel, None)
 
 
-def _release(built: BuiltChannel | None) -> None:
-    # Release a healthy channel as destroy_process_group() would: a backend
-    # other than gloo is shut down (its communicator freed); a gloo one
-    # closes its sockets with its last reference.
-    if built is None or built.only_gloo:
+def _release(channel: dist.ProcessGroup | None, abort: bool) -> None:
+    # As c10d releases a group: a healthy channel is destroyed (its backends
+    # shut down), a failed one other than gloo is aborted (a collective that
+    # did not complete leaves NCCL's kernel spinning).  A channel that
+    # destroy_process_group() already released is not in c10d's tables.
+    if channel is None:
         return
     try:
-        built.group.shutdown()
-    except Exception:
-        log.debug(
-            "collective autotuning: shutting a channel down failed", exc_info=True
-        )
+        if abort:
+            dist.distributed_c10d._abort_process_group(channel)
+        else:
+            dist.destroy_process_group(channel)
+    except ValueError:
+        pass  # released with every group by destroy_process_group()
 
 
 @dataclasses.dataclass
@@ -107,50 +95,41 @@ class _GroupState:
     """What the protocol keeps per process group between sessions.
 
     The counters advance at the same protocol steps on every member, so they
-    name the same store keys everywhere.
+    name the same channels everywhere.
     """
 
     sessions: int = 0
     channels: int = 0
-    channel: BuiltChannel | None = None
+    channel: dist.ProcessGroup | None = None
     channel_timeout: timedelta | None = None
     # The group the channel mirrors: a group re-created under the same name
     # (destroy_process_group, then init again) must not reuse the old channel.
     group: weakref.ref[dist.ProcessGroup] | None = None
 
 
+# Counters survive a new default group: a job that destroys its process
+# group and initializes it again may keep the same store server, whose keys
+# from the earlier channels must not be read again.
 _group_states: dict[str, _GroupState] = {}
-# The default store the channels were built on: released by
-# destroy_process_group(), which releases the channels with it.
-_released_with: weakref.ref[dist.Store] | None = None
 
 
 def _group_state(group: dist.ProcessGroup) -> _GroupState:
-    global _released_with
-    store = dist.distributed_c10d._get_default_store()
-    if _released_with is None or _released_with() is not store:
-        _release_channels()
-        _released_with = weakref.ref(store)
-        weakref.finalize(store, _release_channels)
-    # Counters survive a new store: a job that destroys its process group and
-    # initializes it again may keep the same store server, whose keys from
-    # the earlier channels must not be read again.
     state = _group_states.setdefault(group.group_name, _GroupState())
     if state.group is None or state.group() is not group:
-        _release(state.channel)
+        _release(state.channel, abort=False)
         state.group, state.channel = weakref.ref(group), None
     return state
 
 
 @atexit.register
 def _release_channels() -> None:
-    # Benchmark channels are process groups that destroy_process_group() does
-    # not know about.  Release them while the interpreter is still alive: a
+    # A job that never calls destroy_process_group() leaves its groups to the
+    # interpreter's exit.  Release the channels while it is still alive: a
     # gloo worker thread that drops a tensor during interpreter finalization
     # needs the GIL and aborts the process (pytorch/pytorch#190489).
     for state in _group_states.values():
-        built, state.channel = state.channel, None
-        _release(built)
+        channel, state.channel = state.channel, None
+        _release(channel, abort=False)
 
 
 class BenchmarkChannel:
@@ -171,6 +150,7 @@ class BenchmarkChannel:
         # The backend the candidates' collectives run on (None: the group
         # serves no backend for their device, and they fail as in the program).
         self.backend = self.served.get(device.type)
+        self._only_gloo = set(self.served.values()) == {"gloo"}
         self._state = _group_state(group)
 
     def next_session(self) -> int:
@@ -186,9 +166,9 @@ class BenchmarkChannel:
         if state.channel is None:
             state.channels += 1
             state.channel_timeout = self.timeout
-            prefix = f"{STORE_PREFIX}/{self.group.group_name}/channel{state.channels}/"
-            state.channel = build_channel(self.group, prefix, self.timeout)
-        return state.channel.group
+            name = f"{self.group.group_name}:benchmark{state.channels}"
+            state.channel = build_channel(self.group, name, self.timeout)
+        return state.channel
 
     def drop(self) -> None:
         """Discard the channel; a peer's pending collective on it fails at once.
@@ -197,23 +177,23 @@ class BenchmarkChannel:
         collective of this rank is still pending on it (its wait timed out),
         when that collective ends, within the channel's own timeout.
         """
-        # Dropping the last reference closes a gloo channel's sockets; other
-        # backends (NCCL) need an abort.  ~ProcessGroupGloo first joins its
-        # worker threads, and a worker that releases a finished work may need
-        # the GIL (to free its tensors' Python objects).  The join runs
-        # without the GIL: the reference dropped here is the Python object's,
-        # whose holder (c10d's IntrusivePtrNoGilDestructor) releases the GIL
-        # first, so the worker finishes and this rank's heartbeat goes on
-        # (measured with scripts/repro_gloo_destroy_pending.py).
-        built, self._state.channel = self._state.channel, None
-        if built is not None and not built.only_gloo:
-            built.group.abort()
+        # Destroying a gloo channel closes its sockets with its last
+        # reference; other backends (NCCL) need an abort.  ~ProcessGroupGloo
+        # first joins its worker threads, and a worker that releases a
+        # finished work may need the GIL (to free its tensors' Python
+        # objects).  The join runs without the GIL: the reference dropped
+        # here is the Python object's, whose holder (c10d's
+        # IntrusivePtrNoGilDestructor) releases the GIL first, so the worker
+        # finishes and this rank's heartbeat goes on (measured with
+        # scripts/repro_gloo_destroy_pending.py).
+        channel, self._state.channel = self._state.channel, None
+        _release(channel, abort=not self._only_gloo)
 
     @contextmanager
     def registered(self) -> Iterator[dist.ProcessGroup]:
         """The channel, registered under the group's name for the duration."""
         channel = self.get()
-        with registered_as(self.group.group_name, channel, self.group):
+        with registered_as(self.group.group_name, channel):
             yield channel
 
     def all_gather(self, values: list[float]) -> list[list[float]]:
