@@ -17,8 +17,8 @@ CUDA tensors).  What this checks, on one process (one-rank groups):
 * The program's groups keep their names: the group's name and
   ``group_count`` are the same after a session, so groups created later are
   named alike on ranks that tuned and ranks that did not;
-  ``destroy_process_group()`` destroys the channel with every group, and a
-  job that initializes again gets a new one.
+  ``destroy_process_group()`` destroys and frees the channel with every
+  group, and a job that initializes again gets a new one.
 * A ``cpu:gloo,cuda:nccl`` group's NCCL part, built by a recording stand-in
   registered as c10d's NCCL backend: the channel's NCCL backend is bound to
   the group's device, is not split from the group's, gets a copy of the
@@ -31,6 +31,7 @@ CUDA tensors).  What this checks, on one process (one-rank groups):
 from __future__ import annotations
 
 import gc
+import weakref
 from datetime import timedelta
 from unittest import mock
 
@@ -172,13 +173,18 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
         self.assertIn(decision.winner, {"default", "direct"})
         self.assertEqual(_world.group_count, count)
         self.assertEqual(_world.pg_names[group], names[group])
-        built = cc._group_states[name].channel
-        self.assertEqual(set(_world.pg_map), {group, built})
-        # destroy_process_group() destroys it; a new group gets a new channel.
+        state = cc._group_states[name]
+        self.assertEqual(set(_world.pg_map), {group, state.channel})
+        # destroy_process_group() destroys and frees it (its gloo threads and
+        # sockets: a process forked later must not inherit them); a new
+        # group gets a new channel.
+        built = weakref.ref(state.channel)
         dist.destroy_process_group()
-        self.assertNotIn(built, _world.pg_map)
+        gc.collect()
+        self.assertIsNone(built())
+        self.assertIsNone(state.channel)
         group = self.init(None)
-        self.assertIsNot(cc.BenchmarkChannel(group, CPU, TIMEOUT).get(), built)
+        self.assertIsNotNone(cc.BenchmarkChannel(group, CPU, TIMEOUT).get())
 
 
 class TestNcclPartOfAMixedGroup(ChannelGroupTestCase):

@@ -100,11 +100,23 @@ class _GroupState:
 
     sessions: int = 0
     channels: int = 0
-    channel: dist.ProcessGroup | None = None
+    # c10d's tables hold the channel, so that destroy_process_group() frees
+    # it with every group (its gloo threads and sockets included).
+    channel_ref: weakref.ref[dist.ProcessGroup] | None = None
     channel_timeout: timedelta | None = None
     # The group the channel mirrors: a group re-created under the same name
     # (destroy_process_group, then init again) must not reuse the old channel.
     group: weakref.ref[dist.ProcessGroup] | None = None
+
+    def take_channel(self) -> dist.ProcessGroup | None:
+        """The channel, if c10d still holds it; the state forgets it."""
+        channel = self.channel
+        self.channel_ref = None
+        return channel
+
+    @property
+    def channel(self) -> dist.ProcessGroup | None:
+        return None if self.channel_ref is None else self.channel_ref()
 
 
 # Counters survive a new default group: a job that destroys its process
@@ -116,8 +128,8 @@ _group_states: dict[str, _GroupState] = {}
 def _group_state(group: dist.ProcessGroup) -> _GroupState:
     state = _group_states.setdefault(group.group_name, _GroupState())
     if state.group is None or state.group() is not group:
-        _release(state.channel, abort=False)
-        state.group, state.channel = weakref.ref(group), None
+        _release(state.take_channel(), abort=False)
+        state.group = weakref.ref(group)
     return state
 
 
@@ -128,8 +140,7 @@ def _release_channels() -> None:
     # gloo worker thread that drops a tensor during interpreter finalization
     # needs the GIL and aborts the process (pytorch/pytorch#190489).
     for state in _group_states.values():
-        channel, state.channel = state.channel, None
-        _release(channel, abort=False)
+        _release(state.take_channel(), abort=False)
 
 
 class BenchmarkChannel:
@@ -161,14 +172,17 @@ class BenchmarkChannel:
     def get(self) -> dist.ProcessGroup:
         """The channel, built (a store rendezvous of the members) when there is none."""
         state = self._state
-        if state.channel is not None and state.channel_timeout != self.timeout:
+        channel = state.channel
+        if channel is not None and state.channel_timeout != self.timeout:
             self.drop()  # every member sees the same timeout (it is in the join)
-        if state.channel is None:
+            channel = None
+        if channel is None:
             state.channels += 1
             state.channel_timeout = self.timeout
             name = f"{self.group.group_name}:benchmark{state.channels}"
-            state.channel = build_channel(self.group, name, self.timeout)
-        return state.channel
+            channel = build_channel(self.group, name, self.timeout)
+            state.channel_ref = weakref.ref(channel)
+        return channel
 
     def drop(self) -> None:
         """Discard the channel; a peer's pending collective on it fails at once.
@@ -186,8 +200,7 @@ class BenchmarkChannel:
         # IntrusivePtrNoGilDestructor) releases the GIL first, so the worker
         # finishes and this rank's heartbeat goes on (measured with
         # scripts/repro_gloo_destroy_pending.py).
-        channel, self._state.channel = self._state.channel, None
-        _release(channel, abort=not self._only_gloo)
+        _release(self._state.take_channel(), abort=not self._only_gloo)
 
     @contextmanager
     def registered(self) -> Iterator[dist.ProcessGroup]:
