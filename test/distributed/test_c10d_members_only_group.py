@@ -17,12 +17,12 @@ schedule.  What this checks, on gloo and CPU:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.distributed_c10d import (
     _get_group_tag,
     _new_group_with_tag,
@@ -83,16 +83,25 @@ class TestMembersOnlyGroup(TestCase):
         self.addCleanup(dist.destroy_process_group)
 
     def test_only_members_call_it_and_later_names_agree(self):
-        context = mp.get_context("spawn")
+        # Starting a process fixes the process-wide start method (to fork,
+        # when unset) for the tests after this one, whose rank processes
+        # must not inherit this process's state: restore it.
+        method = multiprocessing.get_start_method(allow_none=True)
+        self.addCleanup(multiprocessing.set_start_method, method, force=True)
+        context = multiprocessing.get_context("spawn")
         results = context.Queue()
-        mp.start_processes(
-            _members_only_worker,
-            args=(3, self.init_file, results),
-            nprocs=3,
-            join=True,
-            start_method="spawn",
-        )
-        seen = sorted(results.get(timeout=30) for _ in range(3))
+        ranks = [
+            context.Process(
+                target=_members_only_worker, args=(rank, 3, self.init_file, results)
+            )
+            for rank in range(3)
+        ]
+        for rank in ranks:
+            rank.start()
+        seen = sorted(results.get(timeout=60) for _ in range(3))
+        for rank in ranks:
+            rank.join(timeout=60)
+        self.assertEqual([rank.exitcode for rank in ranks], [0, 0, 0])
         self.assertEqual([rank for rank, *_ in seen], [0, 1, 2])
         self.assertEqual([unchanged for _, unchanged, *_ in seen], [True] * 3)
         self.assertEqual(len({name for _, _, name, *_ in seen}), 1)

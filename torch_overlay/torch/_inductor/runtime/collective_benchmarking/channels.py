@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import logging
 import time
 import weakref
 from contextlib import contextmanager
@@ -38,8 +37,6 @@ __all__ = [
     "BenchmarkChannel",
     "registered_as",
 ]
-
-log = logging.getLogger(__name__)
 
 
 @contextmanager
