@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build_channel",
+    "only_gloo",
     "served_backends",
 ]
 
@@ -35,10 +36,6 @@ def served_backends(group: dist.ProcessGroup) -> dict[str, str]:
     ``init_process_group()``, resolved to what it built).  Raises
     :class:`CollectiveBenchmarkError` for a group c10d did not build.
     """
-    return _backend_config(group).get_device_backend_map()
-
-
-def _backend_config(group: dist.ProcessGroup) -> dist.distributed_c10d.BackendConfig:
     try:
         config = dist.get_backend_config(group)
     except TypeError as error:  # c10d holds no config for the group
@@ -47,7 +44,17 @@ def _backend_config(group: dist.ProcessGroup) -> dist.distributed_c10d.BackendCo
             "torch.distributed (init_process_group, new_group, split_group), so "
             "its backends are unknown"
         ) from error
-    return dist.distributed_c10d.BackendConfig(config)
+    return dist.distributed_c10d.BackendConfig(config).get_device_backend_map()
+
+
+def only_gloo(served: dict[str, str]) -> bool:
+    """Whether gloo serves every device type (of :func:`served_backends`).
+
+    gloo's timeout is what ends a collective that a peer left; other
+    backends' watchdogs end the process at theirs, so the protocol must
+    abort such a channel first.
+    """
+    return set(served.values()) == {"gloo"}
 
 
 def _backend_options(group: dist.ProcessGroup, served: dict[str, str]) -> Any:
@@ -66,9 +73,9 @@ def _backend_options(group: dist.ProcessGroup, served: dict[str, str]) -> Any:
 
 
 def build_channel(
-    group: dist.ProcessGroup, name: str, timeout: timedelta
+    group: dist.ProcessGroup, served: dict[str, str], name: str, timeout: timedelta
 ) -> dist.ProcessGroup:
-    """A new c10d group named ``name`` over ``group``'s ranks, with ``group``'s backends.
+    """A new c10d group named ``name`` over ``group``'s ranks, with its backends ``served``.
 
     Built by c10d's own constructor, so it is in c10d's tables, its
     FlightRecorder and its ``destroy_process_group()``; only the members of
@@ -79,15 +86,10 @@ def build_channel(
     ``ValueError`` for a name in use, and what the backend raises when the
     members cannot connect within ``timeout``.
     """
-    config = _backend_config(group)
-    served = config.get_device_backend_map()
-    # gloo's timeout is what ends a collective that a peer left; other
-    # backends' watchdogs end the process at theirs, so the protocol must
-    # abort the channel first.
-    only_gloo = set(served.values()) == {"gloo"}
+    gloo_alone = only_gloo(served)
     channel = dist.distributed_c10d._new_group_with_tag(
         dist.get_process_group_ranks(group),
-        timeout=timeout if only_gloo else 2 * timeout,
+        timeout=timeout if gloo_alone else 2 * timeout,
         # The name c10d recorded for the group (what get_backend() answers),
         # which c10d resolves to the same backends in this process.
         backend=dist.get_backend(group),
@@ -104,7 +106,7 @@ def build_channel(
             f"collective autotuning: this rank is not a member of group "
             f"{group.group_name!r}, so it cannot build its channel"
         )
-    if not only_gloo:
+    if not gloo_alone:
         for device, backend in served.items():
             if backend == "gloo":
                 channel._get_backend(torch.device(device))._set_default_timeout(timeout)

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from .channel_builder import build_channel, served_backends
+from .channel_builder import build_channel, only_gloo, served_backends
 from .store import CollectiveBenchmarkTimeout
 from .timing import wait_device
 
@@ -158,7 +158,7 @@ class BenchmarkChannel:
         # The backend the candidates' collectives run on (None: the group
         # serves no backend for their device, and they fail as in the program).
         self.backend = self.served.get(device.type)
-        self._only_gloo = set(self.served.values()) == {"gloo"}
+        self._only_gloo = only_gloo(self.served)
         self._state = _group_state(group)
 
     def next_session(self) -> int:
@@ -177,7 +177,7 @@ class BenchmarkChannel:
             state.channels += 1
             state.channel_timeout = self.timeout
             name = f"{self.group.group_name}:benchmark{state.channels}"
-            channel = build_channel(self.group, name, self.timeout)
+            channel = build_channel(self.group, self.served, name, self.timeout)
             state.channel_ref = weakref.ref(channel)
         return channel
 
