@@ -180,6 +180,11 @@ class RankProcessesTestCase(MultiProcContinuousTest):
         skip_without_gpus(cls.backend, cls.WORLD_SIZE)
         cls.world_size = cls.WORLD_SIZE
         cache_root()  # made in the parent, so that every rank shares the root
+        # MultiProcContinuousTest starts its ranks with the process-wide start
+        # method, and sets spawn only when none is set: once any earlier test
+        # has started a process (which fixes it, to fork), the ranks would
+        # fork from pytest, inheriting its threads and compile pools.
+        torch.multiprocessing.set_start_method("spawn", force=True)
         super().setUpClass()
 
     @classmethod
