@@ -4,7 +4,7 @@
 One TCPStore server (as torchrun starts for a job) and N simulated ranks:
 lightweight clients, threads spread over a few processes, each running the
 real control-plane code of a session with store connections of its own:
-its ``Liveness`` (heartbeat, watch, and the wake listener's blocked wait),
+its ``Liveness`` (heartbeat, watch, and the idle thread's blocked wait),
 a ``ControlStore`` session, and the real join (``join.join``)
 (digest count, rendezvous, claims).
 No process group is built: what a session does between its join and its end
@@ -26,8 +26,9 @@ Printed per size:
   follow the last session's tail (two beat intervals, in which the liveness
   thread writes "idle" once), every liveness thread still running (target 0).
 
-Above ``--listen-max`` ranks the simulated ranks run without their wake
-listener (one connection and one blocked wait each, no request rate), to
+Above ``--listen-max`` ranks the simulated ranks' idle threads probe
+locally instead of waiting in the store for a wake (one connection and one
+blocked wait each, no request rate), to
 keep the client processes' connections and threads within this machine.
 
 The figures of time (latency, peak rate) are those of thousands of Python
@@ -262,8 +263,8 @@ def main() -> None:
         "--listen-max",
         type=int,
         default=1024,
-        help="run each simulated rank's wake listener (one blocked wait, on a "
-        "connection of its own) up to this many ranks",
+        help="let each simulated rank's idle thread wait in the store for a wake "
+        "(one blocked wait, on a connection of its own) up to this many ranks",
     )
     args = parser.parse_args()
     print(

@@ -292,7 +292,7 @@ class RecompileTest(SpawnedRanksTestCase):
                 ) as logs:
                     with self.assertRaises(RuntimeError):
                         compiled(x, 1)
-                    # The verdict listener logs the verdict as soon as it is
+                    # The liveness thread logs the verdict as soon as it is
                     # given, which may come just after the collective failed.
                     time.sleep(1.0)
                 self.assertIn("recompiled alone", "\n".join(logs.output))

@@ -405,10 +405,11 @@ class TestStoreLifetime(TestCase):
     def test_threads_are_joined_when_the_process_group_is_destroyed(self):
         candidates = [self.candidate("default", is_default=True), self.candidate("b")]
         cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
-        self.assertEqual(len(self.liveness_threads()), 2)  # heartbeat, wake listener
+        self.assertEqual(len(self.liveness_threads()), 1)  # one per process
         dist.destroy_process_group()
         self.assertEqual(self.liveness_threads(), [])
-        # The listener was woken through its own key, which it deleted.
+        # The thread's wait in the store ended through its own key, which it
+        # deleted.
         self.assertFalse(
             self.server.check(["default_pg/collective_benchmarking/wake/0"])
         )

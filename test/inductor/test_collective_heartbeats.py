@@ -14,11 +14,15 @@ the earliest prefixes of the patch series.  What this checks:
 * While a session observes a member, the thread reads that member's status
   (here its own); while the main thread waits in a ``Watch``, the thread
   applies the watch's check to it, and stops once the watch ends.
-* A peer that sets the process's wake key makes the idle process beat; the
-  listener consumes the key, and logs a verdict on the job sent that way.
-* ``shutdown`` stops and joins both threads with three store requests, and
-  is idempotent; the threads also stop when the store they serve is
-  released, and starting on another store replaces them.
+* One thread per process.  Idle, it waits in the store on its wake key: a
+  peer that sets the key makes it beat; it consumes the key, and logs a
+  verdict on the job sent that way.  While it waits there it does not see a
+  compile start; a session opening ends the wait (one request), without
+  the two timeouts of beats a peer's wake brings.  In a session open for
+  half a timeout, it reads its wake key without blocking.
+* ``shutdown`` stops and joins the thread with three store requests, and
+  is idempotent; the thread also stops when the store it serves is
+  released, and starting on another store replaces it.
 * The default probe of compiling sees a Dynamo compile from another thread
   (it holds Dynamo's ``compile_lock``), and nothing before or after it.
 * ``pending_collective`` names the gloo collective a thread waits in, read
@@ -79,7 +83,7 @@ class TestRules(TestCase):
         )
 
 
-class TestHeartbeat(TestCase):
+class _LivenessCase(TestCase):
     def setUp(self):
         super().setUp()
         self.server = dist.TCPStore(
@@ -94,14 +98,14 @@ class TestHeartbeat(TestCase):
         self.liveness.shutdown()
         super().tearDown()
 
-    def start(self, listen):
+    def start(self, listen, timeout=TIMEOUT):
         liveness = lv.Liveness(
             lambda: self.stores[-1],
             lambda: 0,
             compiling=lambda: self.compiling,
             listen=listen,
         )
-        liveness.ensure_running(TIMEOUT)
+        liveness.ensure_running(timeout)
         return liveness
 
     def status(self):
@@ -118,6 +122,8 @@ class TestHeartbeat(TestCase):
         counter = self.status().counter
         self.wait_for(lambda: self.status().counter >= counter + beats)
 
+
+class TestHeartbeat(_LivenessCase):
     def test_beats_only_while_busy(self):
         self.assertEqual(self.liveness.interval, 0.05)
         self.wait_for(lambda: self.status() is not None)
@@ -158,13 +164,29 @@ class TestHeartbeat(TestCase):
             self.assertEqual(len(checks), count)
         self.assertIsNone(self.liveness.seen(0))
 
-    def start_listening(self):
+    def test_threads_stop_with_their_store(self):
+        (first,) = liveness_threads()
+        self.stores.append(dist.TCPStore("127.0.0.1", self.server.port, 1, False))
+        self.liveness.ensure_running(TIMEOUT)  # on the new store: new threads
+        (second,) = liveness_threads()
+        self.assertIsNot(second, first)
+        self.assertFalse(first.is_alive())
+        self.stores.pop()
+        gc.collect()
+        self.assertEqual(liveness_threads(), [])
+        self.assertFalse(second.is_alive())
+
+
+class TestWakes(_LivenessCase):
+    """One thread: idle, it waits in the store on its wake key."""
+
+    def start_listening(self, timeout=TIMEOUT):
         self.liveness.shutdown()
         waits = cs.store_requests["wait"]
-        self.liveness = self.start(listen=True)
+        self.liveness = self.start(listen=True, timeout=timeout)
         self.wait_for(lambda: self.liveness.client.requests["set"] == 1)  # idle
-        self.wait_for(lambda: cs.store_requests["wait"] > waits)  # listener blocked
-        self.assertEqual(len(liveness_threads()), 2)
+        self.wait_for(lambda: cs.store_requests["wait"] > waits)  # waits for a wake
+        self.assertEqual(len(liveness_threads()), 1)
 
     def test_a_wake_makes_an_idle_process_beat(self):
         self.start_listening()
@@ -176,15 +198,55 @@ class TestHeartbeat(TestCase):
         self.assertIn("a peer gave up on this job: rank 1 is lost", logs.output[0])
         self.wait_for(lambda: self.reader.read_if_set(cs.wake_key(0)) is None)
 
-    def test_a_value_no_waker_writes_stops_the_listener(self):
+    def test_an_idle_process_sees_a_compile_once_woken(self):
+        self.start_listening()
+        idle = self.status()
+        self.compiling = True
+        time.sleep(5 * self.liveness.interval)
+        self.assertEqual(self.status(), idle)  # waiting in the store
+        self.reader.set(cs.wake_key(0), cs.wake_value())
+        self.wait_for(lambda: self.status().activity == "compiling")
+
+    def test_a_session_ends_the_wait_without_waking_the_process(self):
+        self.start_listening()
+        before = cs.store_requests.copy()
+        with self.liveness.session("s", None):
+            self.wait_for(lambda: self.status().activity == "session")
+        self.wait_for(lambda: self.status().activity == "idle")
+        settled = self.status()
+        time.sleep(5 * self.liveness.interval)  # no beats for two timeouts
+        self.assertEqual(self.status(), settled)
+        spent = cs.store_requests - before
+        self.assertEqual((spent["get"], spent["delete_key"]), (1, 1), spent)
+        self.assertIsNone(self.reader.read_if_set(cs.wake_key(0)))
+
+    def test_a_long_session_reads_its_wake_key(self):
+        self.start_listening(timedelta(seconds=4))  # a beat every 0.5 s
+        with self.liveness.session("s", None):
+            opened = time.monotonic()
+            self.wait_for(lambda: self.status().activity == "session")
+            self.reader.set(cs.wake_key(0), cs.wake_value())
+            time.sleep(2 * self.liveness.interval)
+            if time.monotonic() - opened < 1.5:  # under half a timeout
+                self.assertIsNotNone(self.reader.read_if_set(cs.wake_key(0)))
+            self.wait_for(lambda: self.reader.read_if_set(cs.wake_key(0)) is None)
+            self.assertGreater(time.monotonic() - opened, 2.0)
+            self.assertGreater(self.liveness._awake_until, time.monotonic())
+
+    def test_a_value_no_waker_writes_ends_the_waits_in_the_store(self):
         # The "fake" backend's store answers every wait at once, with an empty
-        # value: the listener neither dies of it (a JSON error) nor spins.
+        # value: the thread neither dies of it (a JSON error) nor spins.
         self.start_listening()
         failures = []
         self.addCleanup(setattr, threading, "excepthook", threading.excepthook)
         threading.excepthook = failures.append
         self.reader.set(cs.wake_key(0), "")
-        self.wait_for(lambda: len(liveness_threads()) == 1)
+        self.wait_for(lambda: self.reader.read_if_set(cs.wake_key(0)) is None)
+        waits = cs.store_requests["wait"]
+        self.compiling = True  # now probed once per beat interval
+        self.wait_for(lambda: self.status().activity == "compiling")
+        self.assertEqual(cs.store_requests["wait"], waits)
+        self.assertEqual(len(liveness_threads()), 1)
         self.assertEqual(failures, [])
         self.assertEqual(cs.wake_verdict(cs.wake_value("lost")), "lost")
         self.assertIsNone(cs.wake_verdict("not json"))
@@ -199,18 +261,6 @@ class TestHeartbeat(TestCase):
         )
         self.assertIsNone(self.reader.read_if_set(cs.wake_key(0)))
         self.liveness.shutdown()
-
-    def test_threads_stop_with_their_store(self):
-        (first,) = liveness_threads()
-        self.stores.append(dist.TCPStore("127.0.0.1", self.server.port, 1, False))
-        self.liveness.ensure_running(TIMEOUT)  # on the new store: new threads
-        (second,) = liveness_threads()
-        self.assertIsNot(second, first)
-        self.assertFalse(first.is_alive())
-        self.stores.pop()
-        gc.collect()
-        self.assertEqual(liveness_threads(), [])
-        self.assertFalse(second.is_alive())
 
 
 class TestCompilingProbe(TestCase):

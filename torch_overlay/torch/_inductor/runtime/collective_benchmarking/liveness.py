@@ -1,10 +1,10 @@
 """Liveness of the members of collective benchmarking: heartbeats over the store.
 
-Every process that tunes beats one key of its own while it has a session
-open, compiles, or was woken by a peer, and reads the key of the member it
-watches; a process that stops beating is dead or wedged.  What a beat
-carries, waking an idle peer, and shutdown: ``docs/modules.md``,
-"liveness.py".
+Every process that tunes runs one thread: it beats a key of its own while
+the process has a session open, compiles, or was woken by a peer, reads the
+key of the member it watches, and otherwise waits in the store for a wake.
+A process that stops beating is dead or wedged.  ``docs/modules.md``,
+"liveness.py", says more.
 """
 
 from __future__ import annotations
@@ -57,18 +57,19 @@ _JOIN_TIMEOUT_S = 5.0
 
 @dataclasses.dataclass
 class _Threads:
-    """The liveness threads started on one store, and what stops them."""
+    """The liveness thread started on one store, and what stops and wakes it."""
 
     stop: threading.Event
     rank: int
-    client: StoreClient  # the heartbeat's connection
+    # Another connection, to end the thread's wait in the store: the thread's
+    # own is inside that wait.
+    waker: StoreClient
     heartbeat: threading.Thread
-    listener: threading.Thread | None
 
 
-def _join(thread: threading.Thread) -> bool:
+def _join(thread: threading.Thread) -> None:
     if thread is threading.current_thread():
-        return False
+        return
     thread.join(_JOIN_TIMEOUT_S)
     if thread.is_alive():
         log.warning(
@@ -77,8 +78,6 @@ def _join(thread: threading.Thread) -> bool:
             thread.name,
             _JOIN_TIMEOUT_S,
         )
-        return False
-    return True
 
 
 class Liveness:
@@ -86,8 +85,9 @@ class Liveness:
 
     See ``docs/modules.md``, "liveness.py".  ``compiling`` says whether the process
     compiles (the default probes Dynamo's ``compile_lock``); the store, the rank and
-    the main thread are injectable, and the wake listener can be left out,
-    so that one process can simulate many ranks
+    the main thread are injectable, and with ``listen=False`` the idle thread
+    probes ``compiling`` once per beat interval instead of waiting in the store
+    for a wake, so that one process can simulate many ranks
     (``scripts/bench_collective_control.py``).
     """
 
@@ -113,6 +113,7 @@ class Liveness:
         self._counter = 0
         self._published = ""  # the activity last written
         self._sessions: dict[str, int] = {}  # open sessions -> how many
+        self._sessions_since = 0.0  # since when one has been open
         self._frames: dict[str, int] = {}  # frame id -> highest compile index
         self._watches: list[Watch] = []
         # Members observed while a session is open (global rank -> how many
@@ -122,13 +123,15 @@ class Liveness:
         self._interval = beat_interval(timedelta(seconds=30))
         self._timeout = 30.0
         self._awake_until = 0.0  # beats while idle until then, when a peer woke it
+        self._in_store_wait = False  # the thread waits in the store for a wake
+        self._roused = False  # ... and this process set its wake key to end it
 
     # The main thread's side -----------------------------------------------------
     def ensure_running(self, timeout: timedelta | None = None) -> None:
-        """Start the threads on the current default store (again after it changed).
+        """Start the thread on the current default store (again after it changed).
 
-        Threads started on a previous store are stopped and joined first.  The
-        threads stop by themselves, joined, when the store is released (see
+        A thread started on a previous store is stopped and joined first.  The
+        thread stops by itself, joined, when the store is released (see
         :meth:`shutdown`).
         """
         if timeout is not None:
@@ -142,11 +145,8 @@ class Liveness:
                     return
         self.shutdown()
         with self._lock:
-            self._store, self._rank, self._published = (
-                weakref.ref(store),
-                self._global_rank(),
-                "",
-            )
+            self._store = weakref.ref(store)
+            self._rank, self._published = self._global_rank(), ""
             self.client = StoreClient(store.clone())
             stop = threading.Event()
             heartbeat = threading.Thread(
@@ -155,31 +155,23 @@ class Liveness:
                 name="collective-benchmark-liveness",
                 daemon=True,
             )
-            listener = None
-            if self._listen:
-                listener = threading.Thread(
-                    target=self._listen_for_wakes,
-                    args=(StoreClient(store.clone()), self._rank, stop),
-                    name="collective-benchmark-wakes",
-                    daemon=True,
-                )
-            threads = _Threads(stop, self._rank, self.client, heartbeat, listener)
+            waker = StoreClient(store.clone())
+            threads = _Threads(stop, self._rank, waker, heartbeat)
             self._threads = threads
             heartbeat.start()
-            if listener is not None:
-                listener.start()
-        # destroy_process_group() releases the default store: the threads must
+        # destroy_process_group() releases the default store: the thread must
         # not outlive it (see "Shutdown" in docs/modules.md).
         weakref.finalize(store, self._stop_threads, threads)
 
     def shutdown(self) -> None:
-        """Stop this process's liveness threads and join them (idempotent).
+        """Stop this process's liveness thread and join it (idempotent).
 
-        Runs at exit and when the store the threads serve is released; callable
-        from any thread.  Costs three store requests when the wake listener
-        runs (this process wakes its own listener, which reads and deletes the
-        key), none when the store is gone.  A thread still inside a store
-        request after a few seconds is logged and left behind.
+        Runs at exit and when the store the thread serves is released; callable
+        from any thread.  Costs three store requests when the thread waits in
+        the store for a wake (this process sets its own wake key, which the
+        thread reads and deletes), none when the store is gone.  A thread
+        still inside a store request after a few seconds is logged and left
+        behind.
         """
         threads = self._threads
         if threads is not None:
@@ -190,19 +182,23 @@ class Liveness:
             if self._threads is threads:
                 self._threads = None
         threads.stop.set()
+        self._rouse(threads)
+        _join(threads.heartbeat)
+
+    def _rouse(self, threads: _Threads | None) -> None:
+        # Make the thread act now: it waits on the event, or, idle, in the
+        # store, which this process ends by setting its own wake key (one
+        # request; the thread reads and deletes the key).
+        with self._lock:
+            in_store_wait = self._in_store_wait and not self._roused
+            self._roused = self._roused or in_store_wait
         self._wake.set()
-        listener = threads.listener
-        if not _join(threads.heartbeat) or listener is None or not listener.is_alive():
+        if threads is None or not in_store_wait:
             return
         try:
-            # The listener blocks in the store's wait on this key; the
-            # heartbeat's connection is free now.
-            threads.client.set(wake_key(threads.rank), wake_value())
-        except Exception:  # the store went away, and so did the listener's wait
-            log.debug(
-                "collective autotuning: could not wake the listener", exc_info=True
-            )
-        _join(listener)
+            threads.waker.set(wake_key(threads.rank), wake_value())
+        except Exception:  # the store went away, and so did the thread's wait
+            log.debug("collective autotuning: could not wake the thread", exc_info=True)
 
     @contextmanager
     def session(
@@ -216,13 +212,15 @@ class Liveness:
         how long it has been silent is already known.
         """
         with self._lock:
+            if not self._sessions:
+                self._sessions_since = time.monotonic()
             self._sessions[name] = self._sessions.get(name, 0) + 1
             if frame is not None:
                 key = str(frame[0])
                 self._frames[key] = max(self._frames.get(key, -1), frame[1])
             if observe is not None:
                 self._observed[observe] = self._observed.get(observe, 0) + 1
-        self._wake.set()
+        self._rouse(self._threads)
         try:
             yield
         finally:
@@ -272,41 +270,50 @@ class Liveness:
         compile_lock.release()
         return False
 
-    def _listen_for_wakes(
-        self, client: StoreClient, rank: int, stop: threading.Event
-    ) -> None:
-        # One blocked request per process, on a connection of its own.  A
-        # peer that waits for this process while it is idle wakes it, and it
-        # beats for two timeouts: alive (running compiled code, or eager code
-        # on its way to a compile) is then told apart from dead.  A verdict
-        # on the job wakes it too, and is logged: a rank blocked in a
-        # collective of its compiled code cannot raise, but its log says why.
-        key = wake_key(rank)
-        logged = False
-        while True:
-            try:
-                client.wait(key, _BACKSTOP)
-                value = client.get(key)
-                client.delete(key)
-            except Exception:  # the store went away, or a day passed
-                log.debug("collective autotuning wake listener stopped", exc_info=True)
-                return
-            if stop.is_set():  # woken by shutdown(), which set the key
-                return
-            verdict = wake_verdict(value)
-            if verdict is None:
-                # No waker wrote it: the store is no job's (the "fake"
-                # backend's answers every wait at once, with nothing), and
-                # listening on would spin.
-                log.debug("collective autotuning: %r is no wake value", value)
-                return
-            if verdict and not logged:
-                logged = True
-                log.error(
-                    "collective autotuning: a peer gave up on this job: %s", verdict
-                )
+    def _await_wake(self, client: StoreClient, stop: threading.Event) -> str | None:
+        # Idle: one blocked request until a peer that waits for this process
+        # wakes it; it then beats for two timeouts, so alive is told apart
+        # from dead.  A verdict on the job wakes it too, and is logged: a rank
+        # blocked in a collective of its compiled code cannot raise.  The
+        # verdict ("" for a plain wake), None for a value no waker writes.
+        with self._lock:  # see _rouse
+            if self._sessions or stop.is_set():
+                return ""
+            self._in_store_wait = True
+        key = wake_key(self._rank)
+        try:
+            client.wait(key, _BACKSTOP)
+            value = client.get(key)
+            client.delete(key)
+        finally:
+            with self._lock:
+                roused, self._in_store_wait, self._roused = self._roused, False, False
+        return self._woken(value, roused)
+
+    def _poll_wake(self, client: StoreClient) -> str | None:
+        # Read without blocking while woken (its waker may give a verdict on
+        # the job), and in a session open for half a timeout whose main thread
+        # waits in no rendezvous: a peer in a failure agreement wakes it to
+        # learn which collective it waits in, which counts after a timeout.
+        with self._lock:
+            waits = bool(self._sessions) and not self._watches
+            since = self._sessions_since
+        now = time.monotonic()
+        long_wait = waits and now - since >= self._timeout / 2
+        if now >= self._awake_until and not long_wait:
+            return ""
+        key = wake_key(self._rank)
+        value = client.read_if_set(key)
+        if value is None:
+            return ""
+        client.delete(key)
+        return self._woken(value, roused=False)
+
+    def _woken(self, value: str, roused: bool) -> str | None:
+        verdict = wake_verdict(value)
+        if verdict or (verdict == "" and not roused):
             self._awake_until = time.monotonic() + 2 * self._timeout
-            self._wake.set()
+        return verdict
 
     def _observe(self, client: StoreClient, member: int) -> None:
         text = client.read_if_set(status_key(member))
@@ -319,42 +326,60 @@ class Liveness:
             seen.update(status, now)
 
     def _run(self, client: StoreClient, stop: threading.Event) -> None:
-        key = status_key(self._rank)
+        listening, logged = self._listen, False
         while not stop.is_set():
             try:
-                with self._lock:
-                    sessions = tuple(sorted(self._sessions))
-                    frames = dict(self._frames)
-                    watches = list(self._watches)
-                    observed = list(self._observed)
-                if sessions:
-                    activity = "session"
+                idle = self._beat(client)
+                if idle and listening:
+                    verdict = self._await_wake(client, stop)
                 else:
-                    activity = "compiling" if self._compiling() else "idle"
-                awake = time.monotonic() < self._awake_until
-                if activity != "idle" or self._published != "idle" or awake:
-                    # Peers in a failure agreement keep a member of the
-                    # session awake to learn whether it waits in a collective.
-                    blocked, blocked_for = (
-                        pending_collective(self._main_thread.ident)
-                        if sessions and awake
-                        else ("", 0.0)
-                    )
-                    self._counter += 1
-                    status = MemberStatus(
-                        self._counter, activity, sessions, blocked, blocked_for, frames
-                    )
-                    client.set(key, status.encode())
-                    self._published = activity
-                for member in observed:
-                    self._observe(client, member)
-                for watch in watches:
-                    watch.check(client, watch)
+                    verdict = self._poll_wake(client) if listening else ""
+                    self._wake.wait(self._interval)
+                    self._wake.clear()
             except Exception:  # the store went away: the process group was destroyed
                 log.debug("collective benchmarking liveness stopped", exc_info=True)
                 return
-            self._wake.wait(self._interval)
-            self._wake.clear()
+            if verdict is None:
+                # The store is no job's (the "fake" backend's answers every
+                # wait at once, with nothing): waiting in it would spin.
+                listening = False
+            elif verdict and not logged:
+                logged = True
+                log.error(
+                    "collective autotuning: a peer gave up on this job: %s", verdict
+                )
+
+    def _beat(self, client: StoreClient) -> bool:
+        # One beat interval's work; whether the process is idle, and said so.
+        with self._lock:
+            sessions = tuple(sorted(self._sessions))
+            frames = dict(self._frames)
+            watches = list(self._watches)
+            observed = list(self._observed)
+        if sessions:
+            activity = "session"
+        else:
+            activity = "compiling" if self._compiling() else "idle"
+        awake = time.monotonic() < self._awake_until
+        if activity != "idle" or self._published != "idle" or awake:
+            # Peers in a failure agreement keep a member of the
+            # session awake to learn whether it waits in a collective.
+            blocked, blocked_for = (
+                pending_collective(self._main_thread.ident)
+                if sessions and awake
+                else ("", 0.0)
+            )
+            self._counter += 1
+            status = MemberStatus(
+                self._counter, activity, sessions, blocked, blocked_for, frames
+            )
+            client.set(status_key(self._rank), status.encode())
+            self._published = activity
+        for member in observed:
+            self._observe(client, member)
+        for watch in watches:
+            watch.check(client, watch)
+        return activity == "idle" and not awake
 
 
 _liveness = Liveness()
@@ -364,12 +389,12 @@ atexit.register(_liveness.shutdown)
 def ensure_heartbeat(timeout: timedelta) -> None:
     """Start this process's liveness thread (idempotent), beating for ``timeout``.
 
-    From then on the process beats while it compiles or has a session open,
-    so that peers waiting for it know it is alive; ``timeout`` (the
-    sessions' :attr:`CollectiveBenchmarkConfig.timeout`) sets how often.
-    Any rank may call it, alone.  Does nothing before
-    ``init_process_group``: the session that follows reports the missing
-    process group.
+    From then on the process beats while it has a session open, compiles
+    (seen once a session opens or a waiting peer wakes it), or was woken,
+    so that waiting peers know it is alive; ``timeout`` (the sessions'
+    :attr:`CollectiveBenchmarkConfig.timeout`) sets how often.  Any rank
+    may call it, alone; before ``init_process_group`` it does nothing (the
+    session that follows reports the missing process group).
     """
     if dist.is_available() and dist.is_initialized():
         _liveness.ensure_running(timeout)
