@@ -22,7 +22,8 @@ A session that does not end within ``--session-timeout`` seconds is a hang:
 the launcher kills the ranks and reports it.  A rank killed by a signal
 (SIGABRT from glibc's heap checks, SIGSEGV) is an abort.  Prints per world
 size: the sessions run, aborts, hangs, failures, and the wall time of a
-session (the compiling call, slowest rank): median, p99 and max.
+session (the compiling call, slowest rank): median, p99 and max, and which
+session was the slowest (the first also pays the process's first compile).
 
 Usage:
   python scripts/soak_collective_autotuning.py [--nproc 3,4] [--sessions 50]
@@ -203,9 +204,10 @@ def soak(nproc: int, args: argparse.Namespace) -> dict:
             for r in range(nproc)
         ]
     completed = min(len(rank) for rank in records)
-    seconds = sorted(
+    by_session = [
         max(records[r][s]["seconds"] for r in range(nproc)) for s in range(completed)
-    )
+    ]
+    seconds = sorted(by_session)
     failures = sum(
         not (records[r][s]["exact"] and records[r][s]["agreed"])
         for r in range(nproc)
@@ -229,6 +231,8 @@ def soak(nproc: int, args: argparse.Namespace) -> dict:
         if seconds
         else float("nan"),
         "max": seconds[-1] if seconds else float("nan"),
+        # 1-based; the first session also pays the process's first compile.
+        "slowest": by_session.index(seconds[-1]) + 1 if seconds else 0,
         "error_tail": next(
             (e.strip().splitlines()[-3:] for e in errors if e.strip()), []
         ),
@@ -313,7 +317,7 @@ def main() -> None:
         )
         print(
             "| ranks | sessions completed | aborts | hangs | wrong or disagreeing | "
-            "session wall time median / p99 / max (s) |"
+            "session wall time median / p99 / max (s) (slowest: session #) |"
         )
         print("| --- | --- | --- | --- | --- | --- |")
         clean = True
@@ -328,7 +332,8 @@ def main() -> None:
             print(
                 f"| {row['nproc']} | {row['completed']}/{args.sessions} "
                 f"| {len(row['aborts'])} | {row['hangs']} | {row['failures']} "
-                f"| {row['median']:.2f} / {row['p99']:.2f} / {row['max']:.2f} |",
+                f"| {row['median']:.2f} / {row['p99']:.2f} / {row['max']:.2f} "
+                f"(#{row['slowest']}) |",
                 flush=True,
             )
             if row["crashed_ranks"] or row["hangs"]:

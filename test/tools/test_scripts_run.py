@@ -9,7 +9,7 @@ control plane) and the fewest compiles, runs and sizes it takes, and must
 exit 0 and print its table.  The figures they print are not checked:
 ``docs/measurements.md`` quotes full runs.
 
-Six scripts are only started (``--help``), not run: each launches its
+Seven scripts are only started (``--help``), not run: each launches its
 jobs through helpers that a run here or a test module of ``test/inductor``
 already runs (``COVERED_BY`` names them), and their runs would cost CI's
 two cores some six minutes.  Their own code past argument parsing is
@@ -65,6 +65,7 @@ COVERED_BY = {
     "bench_collective_epilogues.py": "bench_collective_regret's helpers: its run",
     "bench_collective_launchers.py": "launch: test_collective_launchers.py",
     "bench_collective_programs.py": "launch_ranks and the demo's ops: regret's run",
+    "bench_collective_requests.py": "launch_ranks: regret's run",
     "bench_collective_shared_caches.py": (
         "launch, busy_machine, redis_server: test_collective_shared_caches.py"
     ),

@@ -43,15 +43,19 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# A store wait that is meant to end by an event, not by its timeout: the
-# timeout is only a backstop (a timed-out store request logs a c10d warning,
-# which the protocol must not cause routinely).
+# A store wait meant to end by an event; its timeout is a backstop (a timed-out
+# store request logs a c10d warning, which the protocol must not cause).
 _BACKSTOP = timedelta(days=1)
 
+# Beat intervals an idle thread goes on probing Dynamo's lock before it waits
+# in the store: a compile that follows soon (the next graph, the backward) is
+# then seen without the three requests that end the wait, and a peer's wake
+# waits at most a quarter timeout.
+_LINGER_BEATS = 2
 
-# How long shutdown waits for a thread to leave its store request: one request
-# to a live store takes milliseconds, and one to a store that went away fails
-# at once.
+
+# How long shutdown waits for a thread to leave its store request: one to a
+# live store takes milliseconds, and one to a store that went away fails.
 _JOIN_TIMEOUT_S = 5.0
 
 
@@ -61,9 +65,7 @@ class _Threads:
 
     stop: threading.Event
     rank: int
-    # Another connection, to end the thread's wait in the store: the thread's
-    # own is inside that wait.
-    waker: StoreClient
+    waker: StoreClient  # ends the thread's wait in the store, which holds its own
     heartbeat: threading.Thread
 
 
@@ -168,10 +170,9 @@ class Liveness:
 
         Runs at exit and when the store the thread serves is released; callable
         from any thread.  Costs three store requests when the thread waits in
-        the store for a wake (this process sets its own wake key, which the
-        thread reads and deletes), none when the store is gone.  A thread
-        still inside a store request after a few seconds is logged and left
-        behind.
+        the store (this process sets its wake key, which the thread reads and
+        deletes), none when the store is gone.  A thread still inside a store
+        request after a few seconds is logged and left behind.
         """
         threads = self._threads
         if threads is not None:
@@ -186,9 +187,8 @@ class Liveness:
         _join(threads.heartbeat)
 
     def _rouse(self, threads: _Threads | None) -> None:
-        # Make the thread act now: it waits on the event, or, idle, in the
-        # store, which this process ends by setting its own wake key (one
-        # request; the thread reads and deletes the key).
+        # Make the thread act now: it waits on the event, or in the store,
+        # ended by setting this process's wake key (the thread deletes it).
         with self._lock:
             in_store_wait = self._in_store_wait and not self._roused
             self._roused = self._roused or in_store_wait
@@ -326,11 +326,11 @@ class Liveness:
             seen.update(status, now)
 
     def _run(self, client: StoreClient, stop: threading.Event) -> None:
-        listening, logged = self._listen, False
+        listening, logged, idle_beats = self._listen, False, 0
         while not stop.is_set():
             try:
-                idle = self._beat(client)
-                if idle and listening:
+                idle_beats = idle_beats + 1 if self._beat(client) else 0
+                if listening and idle_beats > _LINGER_BEATS:
                     verdict = self._await_wake(client, stop)
                 else:
                     verdict = self._poll_wake(client) if listening else ""
