@@ -23,8 +23,9 @@ Printed per size:
 * keys left: keys under the control plane's prefix after the sessions,
   besides the one status key per rank;
 * idle requests/s: every request made in the ``--idle-s`` seconds that
-  follow the last session's tail (two beat intervals, in which the liveness
-  thread writes "idle" once), every liveness thread still running (target 0).
+  follow the last session's tail (four beat intervals, in which the liveness
+  thread writes "idle" once and starts its wait in the store), every
+  liveness thread still running (target 0).
 
 Above ``--listen-max`` ranks the simulated ranks' idle threads probe
 locally instead of waiting in the store for a wake (one connection and one
@@ -151,10 +152,11 @@ def _simulated_ranks(
                 time.sleep(0.05)  # the candidates' runs, exchange and commit
                 control.count("committed")
             store.add(f"bench/done{session}", 1)
-        # The liveness thread writes "idle" once when the session ends, and a
-        # watcher may read a status one beat late: the session's tail (two
-        # beats: a thousand simulated ranks share two cores).
-        time.sleep(2 * beat_interval(config.timeout))
+        # The liveness thread writes "idle" once when the session ends, and
+        # after two idle beats waits in the store (one request); a watcher
+        # may read a status one beat late: the session's tail (four beats: a
+        # thousand simulated ranks share two cores).
+        time.sleep(4 * beat_interval(config.timeout))
         in_sessions = client.requests.total() + beats.requests.total()
         idle_from = time.monotonic()
         time.sleep(idle_s)
