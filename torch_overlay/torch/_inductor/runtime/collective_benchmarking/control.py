@@ -102,8 +102,7 @@ class ControlStore:
         )
 
     def _key(self, name: str) -> str:
-        key = f"{self.prefix}{name}"
-        self._keys.add(key)
+        self._keys.add(key := f"{self.prefix}{name}")
         return key
 
     @contextmanager
@@ -367,16 +366,17 @@ class _Watcher:
             f"collective autotuning: ranks [{lost}] of group {control.group_name!r} "
             f"did not reach {reason}"
         )
-        client.compare_set(
-            f"{control.prefix}{watch.tag}/verdict",
-            "",
-            json.dumps([control.rank, message]),
-        )
-        _finish(client, control.prefix, watch.tag, "verdict")
         if job:
-            # Members that run compiled code log it (see Liveness).
+            # Members in compiled code log it (see Liveness); the judged one,
+            # woken, polls its key: wait until read, as the store may go next.
             keys = [wake_key(rank) for rank in control.global_ranks]
             client.multi_set(keys, [wake_value(message)] * len(keys))
+            read_by = time.monotonic() + 2 * control.liveness.interval
+            while time.monotonic() < read_by and client.read_if_set(wake_key(lost)):
+                time.sleep(control.liveness.interval / 8)
+        verdict = json.dumps([control.rank, message])
+        client.compare_set(f"{control.prefix}{watch.tag}/verdict", "", verdict)
+        _finish(client, control.prefix, watch.tag, "verdict")
 
     def _recompiled_alone(self, status: MemberStatus) -> bool:
         # A member that compiled this frame before, fewer times than this one,
