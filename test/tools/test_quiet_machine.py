@@ -22,7 +22,6 @@ CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 
 RECORDER = """
 import os, time
-import pytest
 
 def ran(name, seconds):
     start = time.time()
