@@ -10,7 +10,9 @@ times on one cache directory per cell:
 * the first launch tunes (cold cache); the others are relaunches at the same
   size, which take the program from the FX graph cache and benchmark nothing;
   every other launch calls ``destroy_process_group()`` before exiting, the
-  rest leave it to the interpreter's exit;
+  rest leave it to the interpreter's exit at once (``--no-settle``: a gloo
+  job can abort there, stack or not, pytorch/pytorch#190489; see
+  ``scripts/repro_gloo_exit_abort.py``);
 * then one relaunch at the other world size (2 <-> 3), which must compile and
   benchmark again, and be exact.
 
@@ -98,7 +100,7 @@ def run_cell(
     env = {"TORCHINDUCTOR_CACHE_DIR": str(cache)}
     jobs = []
     for index in range(launches):
-        extra = [] if index % 2 == 0 else ["--no-destroy"]
+        extra = [] if index % 2 == 0 else ["--no-destroy", "--no-settle"]
         job = launch(
             launcher,
             nproc,

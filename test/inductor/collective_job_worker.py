@@ -25,7 +25,13 @@ otherwise it names ``gloo``.
 launch tests look at: ``--no-destroy`` leaves the process group to the
 interpreter's exit, ``--last-to-exit`` makes the store's host (global rank 0)
 or its peers leave 3 s after the others, and ``--raise-on-rank R`` makes rank
-R's own code raise after tuning (its report written first).
+R's own code raise after tuning (its report written first).  A rank that
+leaves its process group to the interpreter's exit waits ``SETTLE_S`` first,
+unless ``--no-settle``: a gloo worker thread that releases the job's last
+collective once the interpreter finalizes aborts the process ("terminate
+called without an active exception", pytorch/pytorch#190489), stack or not
+(``scripts/repro_gloo_exit_abort.py``), and the launch tests check the
+stack's exit, not that race.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ from test_collective_autotuning import (
 
 TIMEOUT_S = 10.0
 LINGER_S = 3.0
+SETTLE_S = 0.5  # for gloo's worker threads to release the last collective
 
 
 def all_reduce_own_shard(x):
@@ -139,6 +146,9 @@ def run(args: argparse.Namespace) -> None:
     except Exception as error:  # reported, for the test to show
         report["error"] = str(error)[-500:]
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(report))
+    leaves_group_to_exit = not args.destroy or rank == args.raise_on_rank
+    if leaves_group_to_exit and args.settle:
+        time.sleep(SETTLE_S)
     if rank == args.raise_on_rank:
         raise RuntimeError(f"the job's own code raised on rank {rank} after tuning")
     lingers = {"host": rank == 0, "peers": rank != 0}.get(args.last_to_exit, False)
@@ -166,6 +176,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--spawn", type=int, default=0, help="mp.spawn this many ranks")
     parser.add_argument("--no-destroy", dest="destroy", action="store_false")
+    parser.add_argument("--no-settle", dest="settle", action="store_false")
     parser.add_argument("--last-to-exit", choices=("host", "peers"))
     parser.add_argument("--raise-on-rank", type=int, default=-1)
     parser.add_argument("--stall-s", type=float, default=0.0)

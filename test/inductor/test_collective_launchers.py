@@ -32,7 +32,11 @@ one Inductor cache directory for the job, as on one machine:
 The control plane's threads are what made a rank abort at exit ("terminate
 called without an active exception", see ``collective_benchmarking/liveness.py``);
 ``scripts/bench_collective_launchers.py`` repeats these launches many times
-and counts non-zero exits.  Compiled kernels are shared between the cache
+and counts non-zero exits.  A gloo job without ``destroy_process_group`` can
+abort so at exit without the stack too (pytorch/pytorch#190489,
+``scripts/repro_gloo_exit_abort.py``): a rank of the worker that leaves its
+group to the exit waits half a second first, so that these tests check the
+stack's exit, not that race.  Compiled kernels are shared between the cache
 directories of the class (the parts holding compiled programs and decisions
 are not), which keeps it to a few minutes.
 """
