@@ -11,10 +11,14 @@ and where it comes from:
 * uses of ``_world`` and the distinct private c10d names the overlay uses;
 * the longest patch header (the lines before the first diff).
 
+``--by-guarantee`` prints instead where the overlay's lines go: its modules
+grouped by the guarantee of ``docs/design.md`` they carry, each group's code,
+prose (docstrings and comments) and blank lines.
+
 Ruff's findings under upstream's configuration are ``scripts/lint.sh``'s
 (``ruff.toml`` is upstream's ``[tool.ruff]``), and CI's time is CI's.
 
-  python scripts/stack_shape.py
+  python scripts/stack_shape.py [--by-guarantee]
 """
 
 from __future__ import annotations
@@ -33,6 +37,66 @@ PRIVATE_C10D = re.compile(
     r"\b(?:distributed_c10d|_distributed_c10d|c10d|Backend)\.(_[A-Za-z]\w*)"
 )
 C10D_MODULES = ("torch.distributed.distributed_c10d", "torch._C._distributed_c10d")
+
+
+# What each module is there for: a guarantee of docs/design.md ("What every
+# rank agrees on") or the Inductor side that serves them.
+GUARANTEES = {
+    "one decision on every rank: screening, interleaved timing, the rules": (
+        "types.py", "decisions.py", "rules.py", "timing.py", "groups.py",
+        "session.py", "benchmarker.py",
+    ),
+    "nothing hangs: the join, liveness and agreement on failures over the store": (
+        "store.py", "beats.py", "liveness.py", "control.py", "join.py", "failures.py",
+    ),
+    "a candidate costs only itself: benchmark channels, known crashes": (
+        "channels.py", "channel_builder.py", "known_crashes.py",
+    ),
+    "caches: agreed decisions kept, cache hits and keys": (
+        "decision_cache.py", "cache_hits.py", "custom_op_fingerprint.py",
+    ),
+    "observable: traces, TORCH_LOGS, warnings": ("reporting.py",),
+    "V1: Inductor's choices as candidates, the settings, both packages": (
+        "choices.py", "collective_graphs.py", "settings.py", "__init__.py",
+    ),
+    "V2: deferred to the scheduler, timed with the epilogue": (
+        "deferral.py", "deferred_tuning.py", "epilogue.py", "inlining.py",
+    ),
+    "the implementation library (0028, optional)": ("collective_implementations.py",),
+}  # fmt: skip
+
+
+def _kinds_of_lines(text: str) -> dict[str, int]:
+    """How many of ``text``'s lines are code, prose (docstrings, comments) and blank."""
+    lines = text.splitlines()
+    kinds = ["blank" if not line.strip() else "code" for line in lines]
+    for number, line in enumerate(lines):
+        if line.lstrip().startswith("#"):
+            kinds[number] = "prose"
+    documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, documented) and ast.get_docstring(node) is not None:
+            first = node.body[0]
+            for number in range(first.lineno - 1, first.end_lineno or first.lineno):
+                kinds[number] = "prose"
+    return {kind: kinds.count(kind) for kind in ("code", "prose", "blank")}
+
+
+def by_guarantee() -> list[tuple[str, str, int, int, int]]:
+    """(guarantee, modules, code, prose, blank) rows, every overlay module in one."""
+    placed = {name for names in GUARANTEES.values() for name in names}
+    unplaced = sorted({path.name for path in _modules()} - placed)
+    if unplaced:
+        raise SystemExit(f"modules in no group of GUARANTEES: {unplaced}")
+    rows = []
+    for guarantee, names in GUARANTEES.items():
+        total = {"code": 0, "prose": 0, "blank": 0}
+        for path in _modules():
+            if path.name in names:
+                for kind, count in _kinds_of_lines(path.read_text()).items():
+                    total[kind] += count
+        rows.append((guarantee, ", ".join(names), *total.values()))
+    return rows
 
 
 def _modules() -> list[Path]:
@@ -121,7 +185,17 @@ def measure() -> list[tuple[str, str, str]]:
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--by-guarantee", action="store_true")
+    if parser.parse_args().by_guarantee:
+        rows = by_guarantee()
+        sums = [sum(row[column] for row in rows) for column in (2, 3, 4)]
+        print("| guarantee | modules | code | prose | blank | lines |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for guarantee, names, *counts in [*rows, ("all", "", *sums)]:
+            cells = [f"{count:,}" for count in (*counts, sum(counts))]
+            print(f"| {guarantee} | {names} | " + " | ".join(cells) + " |")
+        return
     print("| measure | value | where |")
     print("| --- | --- | --- |")
     for row in measure():
