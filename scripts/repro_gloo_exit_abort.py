@@ -5,6 +5,7 @@ one process per rank, rank 0 hosts the store): each rank joins a gloo process
 group from the environment, runs one functional collective twice
 (``torch.ops._c10d_functional``, waited for, checked) and ends.  Nothing of
 Inductor is imported.
+
 Prints, per collective and way to end, how many launches had a rank abort
 with "terminate called without an active exception": with
 ``destroy_process_group()``, at the interpreter's exit right after the last
