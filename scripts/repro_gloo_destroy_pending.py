@@ -26,8 +26,8 @@ How rank 0 lets go (--release):
            completed (bounded by the group's timeout), keeping the work
            and its tensors; then the group, then them (the stack's fix)
 
-A thread of rank 0 prints a heartbeat every 0.5 s, like the autotuner's
-liveness thread; it needs the GIL.  The parent reports how each trial ended:
+A thread of rank 0 prints a heartbeat every 0.5 s, as the autotuner's
+liveness thread did (until issue 55 removed it); it needs the GIL.  The parent reports how each trial ended:
 "ok" with the time rank 0 spent releasing the group and the longest gap
 between two heartbeats, or "HUNG" (rank 0 did not finish within --limit; with
 --dump-dir, its stacks are written there first).

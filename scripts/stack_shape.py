@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""The stack's shape as issue 46 measures it: one table, from the tree alone.
+"""The stack's shape as issues 46 and 55 measure it: one table, from the tree alone.
 
 Reads ``torch_overlay/`` with ``ast`` and ``patches/`` as text (no torch is
-imported), and prints, for each measure of issue 46's targets, today's value
-and where it comes from:
+imported), and prints, for each measure of the issues' targets, today's
+value and where it comes from:
 
-* overlay lines, the largest module and the longest function;
+* overlay lines, and those of them that are code (no docstring, comment or
+  blank line); the largest module, class and function;
+* the store connections the overlay opens (``TCPStore(``, ``PrefixStore(``,
+  ``.clone()`` of a store);
+* the lines that later patches remove from modules that earlier patches of
+  the series introduced (rework), and the series' first patch;
 * reads of other threads' frames (``_current_frames``, ``f_locals``,
   ``f_back``) and the places that start a thread;
 * uses of ``_world`` and the distinct private c10d names the overlay uses;
@@ -37,6 +42,7 @@ PRIVATE_C10D = re.compile(
     r"\b(?:distributed_c10d|_distributed_c10d|c10d|Backend)\.(_[A-Za-z]\w*)"
 )
 C10D_MODULES = ("torch.distributed.distributed_c10d", "torch._C._distributed_c10d")
+STORE_CONNECTIONS = re.compile(r"\b(?:TCPStore|PrefixStore)\(|\bstore\w*\.clone\(\)")
 
 
 # What each module is there for: a guarantee of docs/design.md ("What every
@@ -46,8 +52,8 @@ GUARANTEES = {
         "types.py", "decisions.py", "rules.py", "timing.py", "groups.py",
         "session.py", "benchmarker.py",
     ),
-    "nothing hangs: the join, liveness and agreement on failures over the store": (
-        "store.py", "beats.py", "liveness.py", "control.py", "join.py", "failures.py",
+    "nothing hangs: the join and agreement on failures, on the channel": (
+        "join.py", "failures.py",
     ),
     "a candidate costs only itself: benchmark channels, known crashes": (
         "channels.py", "channel_builder.py", "known_crashes.py",
@@ -124,11 +130,39 @@ def _is_thread_start(node: ast.AST) -> bool:
     return name in ("Thread", "Timer")
 
 
+def rework() -> tuple[int, dict[str, int]]:
+    """Lines that patches remove from overlay modules an earlier patch introduced.
+
+    The total, and the count per patch (by number).
+    """
+    introduced: set[str] = set()
+    removed: dict[str, int] = {}
+    for patch in sorted((ROOT / "patches").glob("*.patch")):
+        text = patch.read_text()
+        current = None
+        for line in text.splitlines():
+            if line.startswith("diff --git a/"):
+                current = line.split(" b/", 1)[1]
+            elif line.startswith("-") and not line.startswith("---"):
+                if current in introduced:
+                    removed[patch.name[:4]] = removed.get(patch.name[:4], 0) + 1
+        # The field, with its continuation lines (indented by one space).
+        overlay = re.search(r"^Overlay: (.*(?:\n .*)*)", text, re.MULTILINE)
+        if overlay:
+            introduced.update(
+                name.strip() for name in overlay.group(1).split(",") if name.strip()
+            )
+    return sum(removed.values()), removed
+
+
 def measure() -> list[tuple[str, str, str]]:
     """(measure, value, where) rows."""
     total = 0
+    code = 0
     largest = (0, "")
+    largest_class = (0, "")
     longest = (0, "")
+    connections: list[str] = []
     frame_reads: list[str] = []
     thread_starts: list[str] = []
     world: list[str] = []
@@ -137,9 +171,13 @@ def measure() -> list[tuple[str, str, str]]:
         text = path.read_text()
         lines = text.splitlines()
         total += len(lines)
+        code += _kinds_of_lines(text)["code"]
         largest = max(largest, (len(lines), _relative(path)))
         tree = ast.parse(text)
         for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                largest_class = max(largest_class, (length, node.name))
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
                 longest = max(longest, (length, f"{_relative(path)}:{node.name}"))
@@ -149,6 +187,7 @@ def measure() -> list[tuple[str, str, str]]:
             where = f"{_relative(path)}:{number}"
             frame_reads.extend(where for _ in FRAME_READS.findall(line))
             world.extend(where for _ in re.findall(r"\b_world\b", line))
+            connections.extend(where for _ in STORE_CONNECTIONS.findall(line))
         for name in _private_c10d_names(tree, text):
             private.setdefault(name, set()).add(path.name)
     headers = []
@@ -160,10 +199,26 @@ def measure() -> list[tuple[str, str, str]]:
         )
         headers.append((before, patch.name[:4]))
     header, header_patch = max(headers)
+    reworked, by_patch = rework()
+    first = sorted((ROOT / "patches").glob("*.patch"))[0]
+    subject = first.read_text().splitlines()[0].removeprefix("Subject: ")
     return [
         ("overlay lines (torch_overlay/**/*.py)", f"{total:,}", f"{len(_modules())} files"),
+        ("overlay code lines (no docstring, comment or blank line)", f"{code:,}", "-"),
         ("largest overlay module", str(largest[0]), largest[1]),
+        ("largest class", str(largest_class[0]), largest_class[1]),
         ("longest function", str(longest[0]), longest[1]),
+        (
+            "store connections the overlay opens",
+            str(len(connections)),
+            ", ".join(connections) or "-",
+        ),
+        (
+            "lines later patches remove from modules the series introduced",
+            str(reworked),
+            ", ".join(f"{n}: {count}" for n, count in sorted(by_patch.items())) or "-",
+        ),
+        ("the series' first patch", first.name[:4], subject),
         (
             "reads of other threads' frames",
             str(len(frame_reads)),

@@ -4,7 +4,7 @@
 (``MultiProcContinuousTest``) and runs every test of the class in all of them:
 a class pays process start-up and ``import torch`` once, instead of once per
 test.  Each rank joins the process group through a ``TCPStore`` (what torchrun
-gives a job; the collective control plane blocks in its ``wait``), found
+gives a job), found
 through the class's rendezvous file, and keeps Inductor's caches on, in a
 cache directory per rank that the run's tests share.
 
@@ -93,8 +93,7 @@ def tcp_store_through(file_name: str, rank: int, world_size: int) -> dist.TCPSto
 def one_rank_file_store(test: unittest.TestCase) -> dist.FileStore:
     """A store for a one-rank group in the test's own process, removed after the test.
 
-    A ``FileStore`` deletes its file only when its last reference goes, and
-    the control plane keeps one (its main client) until the next store.
+    A ``FileStore`` deletes its file only when its last reference goes.
     """
     directory = tempfile.TemporaryDirectory(prefix="collective-store-")
     test.addCleanup(directory.cleanup)

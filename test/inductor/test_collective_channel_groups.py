@@ -20,12 +20,15 @@ CUDA tensors).  What this checks, on one process (one-rank groups):
   ``destroy_process_group()`` destroys and frees the channel with every
   group, and a job that initializes again gets a new one.
 * A ``cpu:gloo,cuda:nccl`` group's NCCL part, built by a recording stand-in
-  registered as c10d's NCCL backend: the channel's NCCL backend is bound to
-  the group's device, is not split from the group's, gets a copy of the
-  group's NCCL options, twice the protocol's timeout (its gloo part keeps
-  the protocol's), the group's global ranks and the channel's name, and its
-  store still works after ``gc.collect()``; a dropped channel is aborted
-  through c10d and leaves its tables.
+  registered as c10d's NCCL backend: the channel's members meet within
+  ``max_wait``; its NCCL backend is bound to the group's device, is not
+  split from the group's, gets a copy of the group's NCCL options, the
+  group's global ranks and the channel's name, and its store still works
+  after ``gc.collect()``; then its gloo part is bounded by the protocol's
+  timeout and NCCL's watchdog by twice it, so that a step that fails within
+  the timeout aborts the channel through c10d (never destroys it) before the
+  watchdog fires, and the channel leaves c10d's tables.  A group with no
+  CPU side (NCCL alone) gets gloo for the protocol's own collectives.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from torch._inductor.runtime.collective_benchmarking.benchmarker import (
 from torch._inductor.runtime.collective_benchmarking.types import (
     Candidate,
     CollectiveBenchmarkConfig,
+    CollectiveBenchmarkError,
+    CollectiveBenchmarkTimeout,
 )
 from torch.distributed.distributed_c10d import (
     _get_group_tag,
@@ -66,6 +71,7 @@ from rank_processes import one_rank_file_store
 
 CPU = torch.device("cpu")
 TIMEOUT = timedelta(seconds=5)
+CONFIG = CollectiveBenchmarkConfig(timeout=TIMEOUT, max_wait=4 * TIMEOUT)
 funcol = torch.ops._c10d_functional
 
 
@@ -86,7 +92,7 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
     @parametrize("backend", [None, "gloo", "cpu:gloo"])
     def test_serves_the_device_types_of_its_group(self, backend):
         group = self.init(backend)
-        channel = cc.BenchmarkChannel(group, CPU, TIMEOUT).get()
+        channel = cc.BenchmarkChannel(group, CPU, CONFIG).get()
         self.assertEqual(set(channel._device_types), set(group._device_types))
         for device in group._device_types:
             self.assertEqual(
@@ -103,13 +109,14 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
         # backend config for it, so the channel cannot mirror it.
         bare = dist.ProcessGroup(dist.distributed_c10d._get_default_store(), 0, 1)
         with self.assertRaisesRegex(
-            cb.CollectiveBenchmarkError, "was not created by torch.distributed"
+            CollectiveBenchmarkError, "was not created by torch.distributed"
         ):
             cb.served_backends(bare)
 
     def test_c10d_lookups_work_and_a_failing_collective_raises_its_own_error(self):
         group = self.init(None)
-        channel = cc.BenchmarkChannel(group, CPU, TIMEOUT)
+        channel = cc.BenchmarkChannel(group, CPU, CONFIG)
+        channel.start_session()
         with channel.registered() as registered:
             self.assertEqual(
                 (
@@ -132,7 +139,8 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
 
     def test_names_are_unique_and_a_kept_group_object_is_the_channel(self):
         group = self.init(None)
-        channel = cc.BenchmarkChannel(group, CPU, TIMEOUT)
+        channel = cc.BenchmarkChannel(group, CPU, CONFIG)
+        channel.start_session()
         with channel.registered() as first:
             kept = _resolve_process_group(group.group_name)
         # What candidate code kept is the channel, not the user's group: its
@@ -146,6 +154,7 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
         self.assertEqual(tensor, torch.ones(2))
         channel.drop()
         self.assertNotIn(kept, _world.pg_map)
+        channel.start_session()
         second = channel.get()
         self.assertRegex(second.group_name, rf"^{group.group_name}:benchmark\d+$")
         self.assertNotEqual(second.group_name, first.group_name)
@@ -184,7 +193,7 @@ class TestChannelMirrorsItsGroup(ChannelGroupTestCase):
         self.assertIsNone(built())
         self.assertIsNone(state.channel)
         group = self.init(None)
-        self.assertIsNotNone(cc.BenchmarkChannel(group, CPU, TIMEOUT).get())
+        self.assertIsNotNone(cc.BenchmarkChannel(group, CPU, CONFIG).get())
 
 
 class TestNcclPartOfAMixedGroup(ChannelGroupTestCase):
@@ -219,20 +228,24 @@ class TestNcclPartOfAMixedGroup(ChannelGroupTestCase):
     def test_construction_arguments(self):
         group = self.init("cpu:gloo,cuda:nccl")
         group.bound_device_id = torch.device("cuda", 3)  # as device_id= binds it
-        channel = cc.BenchmarkChannel(group, CPU, TIMEOUT)
+        channel = cc.BenchmarkChannel(group, CPU, CONFIG)
+        channel.start_session()
         built = channel.get()
         self.assertEqual(len(self.built), 2)  # the group's, then the channel's
         options, nccl_options = self.built[-1]
         self.assertIs(options.process_group, built)
         self.assertEqual(built.bound_device_id, torch.device("cuda", 3))
-        self.assertEqual(options.timeout, 2 * TIMEOUT)  # the protocol aborts first
+        self.assertEqual(options.timeout, CONFIG.max_wait)  # the members meet
         self.assertEqual(options.global_ranks_in_group, [0])
         self.assertEqual(options.group_id, built.group_name)
         self.assertIsNone(options.split_from)  # a split is a collective
         self.assertIsInstance(nccl_options, dist.ProcessGroupNCCL.Options)
-        self.assertEqual(
-            built._get_backend(CPU).options._timeout, TIMEOUT
-        )  # gloo's ends a collective a peer left
+        # Then every collective is bounded by the timeout, gloo's ending one
+        # that a peer left, but NCCL's watchdog would end the process at its
+        # own: it gets twice the timeout, so that the protocol aborts first.
+        self.assertEqual(built._get_backend(CPU).options._timeout, TIMEOUT)
+        cuda = torch.device("cuda")
+        self.assertEqual(built._get_backend(cuda).options._timeout, 2 * TIMEOUT)
         self.assertEqual(set(built._device_types), set(group._device_types))
         self.assertEqual(channel.backend, "gloo")  # CPU candidates run on gloo
         # NCCL rendezvous at its first collective, long after the build; a
@@ -243,14 +256,35 @@ class TestNcclPartOfAMixedGroup(ChannelGroupTestCase):
             store.set("unique_id", "x")
             self.assertEqual(store.get("unique_id"), b"x")
         self.assertEqual(channel.all_gather([2.0]), [[2.0]])
-        # A dropped channel with an NCCL part is aborted, through c10d.
+        # A step that fails aborts a channel with an NCCL part, through c10d
+        # (never destroys it: an NCCL kernel may spin), well within NCCL's
+        # timeout: the step's own bound is the timeout.
         abort = dist.distributed_c10d._abort_process_group
-        with mock.patch.object(
-            dist.distributed_c10d, "_abort_process_group", wraps=abort
-        ) as aborted:
-            channel.drop()
+        with (
+            mock.patch.object(
+                dist.distributed_c10d, "_abort_process_group", wraps=abort
+            ) as aborted,
+            mock.patch.object(dist, "destroy_process_group") as destroyed,
+        ):
+
+            def times_out():
+                raise CollectiveBenchmarkTimeout("device work did not complete")
+
+            with self.assertRaises(CollectiveBenchmarkError):
+                channel.everyone("the step", times_out, TIMEOUT)
         aborted.assert_called_once_with(built)
+        destroyed.assert_not_called()
         self.assertNotIn(built, _world.pg_map)
+
+    def test_a_group_without_a_cpu_side_gets_gloo_for_the_protocol(self):
+        group = self.init("nccl")
+        channel = cc.BenchmarkChannel(group, torch.device("cuda"), CONFIG)
+        channel.start_session()
+        built = channel.get()
+        self.assertEqual(cb.served_backends(built), {"cpu": "gloo", "cuda": "nccl"})
+        self.assertEqual(channel.backend, "nccl")
+        # The protocol's own collectives run on the gloo side.
+        self.assertEqual(channel.gather_objects({"a": 1}, TIMEOUT), [{"a": 1}])
 
 
 if __name__ == "__main__":

@@ -1,27 +1,27 @@
-"""The bottom of collective benchmarking: the store client, timing, groups, channels.
+"""The bottom of collective benchmarking: timing, groups, channels.
 
-Imports only ``store``, ``timing``, ``groups`` and ``channels`` of the package
-(the earliest prefixes of the patch series have no more).  What this checks,
-on one process (a one-rank gloo group where one is needed):
+Imports only ``types``, ``timing``, ``groups``, ``channel_builder`` and
+``channels`` of the package (the earliest prefixes of the patch series have
+no more).  What this checks, on one process (a one-rank gloo group where one
+is needed):
 
-* ``StoreClient`` counts every request by kind, in ``requests`` and in the
-  process-wide ``store_requests``, with the time of each; ``read_if_set``
-  tells an unset key from a set one; the control plane's keys are under
-  ``STORE_PREFIX``; a lost connection is a ``CollectiveBenchmarkError``
-  naming the store and the request; a ``CollectiveBenchmarkTimeout`` is also
-  a ``TimeoutError``.  ``main_store_client`` is one per default store.
-* Timing on CPU: positive host times, in call order; a raising call is
-  ``CallFailed`` naming its index;
+* Timing on CPU: positive host times, in call order, ``before_each`` run
+  before each call; a raising call is ``CallFailed`` naming its index;
   ``device_of`` is the first tensor's device, else CPU; ``timed`` is a
-  ``dynamo_timed`` event (in ``compile_times()``) and counts its seconds.
+  ``dynamo_timed`` event (in ``compile_times()``) and counts its seconds; a
+  ``CollectiveBenchmarkTimeout`` is also a ``TimeoutError``.
 * ``resolve_group``: ``None`` and the group's name give the default group, an
   unknown name is an error naming it, no process group a
   ``CollectiveBenchmarkError``.
-* ``BenchmarkChannel``: a private one-rank group named after the group, one
-  per group and reused while healthy, leaving no rendezvous keys; its
-  collectives and functional collectives by the group's name (while
-  ``registered``, then the name is the user's group again) are right; a
-  dropped channel, or one of another timeout, is never handed out again.
+* ``BenchmarkChannel``: a private one-rank group named after the group and
+  the session, one per group and reused while healthy; its collectives
+  (floats, ints, JSON objects) and functional collectives by the group's
+  name (while ``registered``, then the name is the user's group again) are
+  right, and it counts the collectives issued on it; a dropped channel, or
+  one of another timeout, is never handed out again.
+* A step that needs every member and fails drops the channel and raises
+  ``CollectiveBenchmarkError``; a member that comes to a rebuild after the
+  others gave up on it raises at once, saying so.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from torch._dynamo.utils import compilation_time_metrics, compile_times, counter
 from torch._inductor.runtime.collective_benchmarking import (
     channels as cc,
     groups as cg,
-    store as cs,
     timing as ctm,
+    types as ct,
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
 
@@ -56,64 +56,14 @@ class OneRankGroupTestCase(TestCase):
         super().tearDown()
 
 
-class BrokenStore(dist.Store):
-    def set(self, key, value):
-        raise dist.DistNetworkError("Connection reset by peer\nsecond line")
-
-
-class TestStoreClient(OneRankGroupTestCase):
-    def test_requests_are_counted_by_kind(self):
-        client = cs.StoreClient(dist.distributed_c10d._get_default_store())
-        client.times = []
-        before = cs.store_requests.copy()
-        self.assertIsNone(client.read_if_set("k"))
-        client.set("k", "v")
-        self.assertEqual((client.read_if_set("k"), client.get("k")), ("v", "v"))
-        self.assertEqual((client.add("n", 2), client.add("n", 3)), (2, 5))
-        client.multi_set(["a", "b"], ["1", "2"])
-        client.append("b", "3")
-        client.delete("a")
-        self.assertEqual((client.read_if_set("a"), client.get("b")), (None, "23"))
-        expected = {"compare_set": 3, "set": 1, "get": 2, "add": 2, "append": 1}
-        expected.update(multi_set=1, delete_key=1)
-        self.assertEqual(dict(client.requests), expected)
-        self.assertEqual(dict(cs.store_requests - before), expected)
-        self.assertEqual(len(client.times), 11)
-        self.assertEqual(client.times, sorted(client.times))
-
-    def test_keys_are_under_the_prefix(self):
-        self.assertEqual(cs.STORE_PREFIX, "collective_benchmarking")
-        self.assertEqual(cs.status_key(3), "collective_benchmarking/status/3")
-        self.assertEqual(cs.wake_key(3), "collective_benchmarking/wake/3")
-
-    def test_a_lost_connection_is_an_error_naming_the_store(self):
-        with self.assertRaisesRegex(
-            cs.CollectiveBenchmarkError,
-            r"lost the connection to the job's store \(BrokenStore\) \(set\).*"
-            r"Connection reset by peer$",
-        ) as caught:
-            cs.StoreClient(BrokenStore()).set("k", "v")
-        self.assertIsInstance(caught.exception.__cause__, dist.DistNetworkError)
-        self.assertTrue(issubclass(cs.CollectiveBenchmarkTimeout, TimeoutError))
-        self.assertTrue(
-            issubclass(cs.CollectiveBenchmarkTimeout, cs.CollectiveBenchmarkError)
-        )
-
-    def test_main_client_is_made_once_per_store(self):
-        client = cs.main_store_client()
-        self.assertIs(cs.main_store_client(), client)
-        dist.destroy_process_group()
-        store = one_rank_file_store(self)
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-        self.assertIsNot(cs.main_store_client(), client)
-
-
 class TestTiming(TestCase):
     def test_cpu_calls_are_timed_in_order(self):
         ran = []
         calls = [lambda i=i: ran.append(i) for i in range(3)]
-        times = ctm.time_calls(calls, CPU, timeout_s=5.0)
-        self.assertEqual(ran, [0, 1, 2])
+        times = ctm.time_calls(
+            calls, CPU, timeout_s=5.0, before_each=lambda i: ran.append(-i - 1)
+        )
+        self.assertEqual(ran, [-1, 0, -2, 1, -3, 2])
         self.assertEqual(len(times), 3)
         self.assertTrue(all(t > 0 for t in times), times)
 
@@ -132,6 +82,7 @@ class TestTiming(TestCase):
         self.assertEqual(ctm.device_of([torch.ones(1)]), CPU)
         self.assertEqual(ctm.device_of(["x", 2]), CPU)
         ctm.wait_device(CPU, deadline=0.0)  # nothing to wait for on CPU
+        self.assertIsInstance(ct.CollectiveBenchmarkTimeout("x"), TimeoutError)
 
     def test_timed_is_a_compile_event_and_counts(self):
         counters.clear()
@@ -159,7 +110,7 @@ class TestResolveGroup(OneRankGroupTestCase):
         with self.assertRaisesRegex(RuntimeError, "no-such-group"):
             cg.resolve_group("no-such-group")
         dist.destroy_process_group()
-        with self.assertRaisesRegex(cs.CollectiveBenchmarkError, "init_process_group"):
+        with self.assertRaisesRegex(ct.CollectiveBenchmarkError, "init_process_group"):
             cg.resolve_group(None)
         store = one_rank_file_store(self)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -167,21 +118,30 @@ class TestResolveGroup(OneRankGroupTestCase):
 
 class TestBenchmarkChannel(OneRankGroupTestCase):
     def channel(self, seconds=5.0):
-        return cc.BenchmarkChannel(self.world, CPU, timedelta(seconds=seconds))
+        config = ct.CollectiveBenchmarkConfig(timeout=timedelta(seconds=seconds))
+        channel = cc.BenchmarkChannel(self.world, CPU, config)
+        channel.start_session()
+        return channel
 
     def test_channel_runs_collectives(self):
         channel = self.channel()
         group = channel.get()
         self.assertIsNot(group, self.world)
         self.assertEqual((group.size(), group.rank()), (1, 0))
-        self.assertRegex(group.group_name, rf"^{self.world.group_name}:benchmark\d*$")
+        self.assertRegex(group.group_name, rf"^{self.world.group_name}:benchmark\d+$")
         self.assertIs(channel.get(), group)
         self.assertIs(self.channel().get(), group)  # one channel per group
         self.assertEqual(channel.all_reduce_max(3.5), 3.5)
         self.assertEqual(channel.all_gather([1.0, 2.0]), [[1.0, 2.0]])
+        wait = timedelta(seconds=1)
+        self.assertEqual(channel.gather_ints([2**59, -3], wait), [[2**59, -3]])
+        value = {"stage": "warmup: a|b:c\nd \u2028 e", "steps": [1, [2, 3]]}
+        self.assertEqual(channel.gather_objects(value, wait), [value])
+        issued = channel.collectives_issued()
         tensor = torch.arange(4.0)
         group.allreduce([tensor]).wait()
         self.assertEqual(tensor, torch.arange(4.0))
+        self.assertEqual(channel.collectives_issued(), issued + 1)
 
     def test_functional_collectives_run_on_the_registered_channel(self):
         channel, name = self.channel(), self.world.group_name
@@ -202,7 +162,33 @@ class TestBenchmarkChannel(OneRankGroupTestCase):
         self.assertIsNot(self.channel().get(), first)
         self.assertEqual(channel.all_reduce_max(-1.0), -1.0)
         self.assertIsNot(self.channel(seconds=6.0).get(), second)  # new timeout
-        self.assertEqual(channel.next_session() + 1, self.channel().next_session())
+
+    def test_a_failed_step_drops_the_channel_and_raises(self):
+        channel = self.channel()
+        first = channel.get()
+
+        def fails():
+            raise RuntimeError("Connection closed by peer")
+
+        with self.assertRaisesRegex(
+            ct.CollectiveBenchmarkError, "the step failed on group '0'.*closed by peer"
+        ):
+            channel.everyone("the step", fails, timedelta(seconds=1))
+        self.assertIsNot(channel.get(), first)
+
+    def test_a_member_late_for_a_rebuild_raises_at_once(self):
+        # The others gave up on this step: they checked in under its key.
+        channel = self.channel()
+        store = self.world.get_group_store()
+        store.append(
+            f"collective_autotuning/{self.world.group_name}/session"
+            f"{channel._state.sessions}/step1/present",
+            "1,",
+        )
+        with self.assertRaisesRegex(
+            ct.CollectiveBenchmarkError, "gave up waiting for this rank at the rebuild"
+        ):
+            channel.rebuild("the rebuild")
 
 
 if __name__ == "__main__":

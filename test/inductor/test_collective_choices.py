@@ -11,8 +11,7 @@ What this checks:
   graphs, and candidates on different groups are an error.
 * ``settings.benchmark_config``: the sessions' settings come from
   ``torch._inductor.config``; a value out of range or of the wrong type is an
-  error naming the knob and its environment variable, when it is read;
-  ``settings.start_heartbeat`` reads and checks the timeout alone.  The
+  error naming the knob and its environment variable, when it is read.  The
   switches are read from the environment as upstream's ``Config`` entries are.
 
 No process group is needed: the choices are stand-ins with a name and a graph.
@@ -37,7 +36,7 @@ from torch._inductor.collective_autotuning.collective_graphs import (
 from torch._inductor.runtime.collective_benchmarking import (
     decisions as cd,
     rules as cr,
-    store as cs,
+    types as ct,
 )
 from torch._inductor.virtualized import V
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -149,7 +148,7 @@ class TestGroupFromGraphs(TestCase):
 
     def test_candidates_on_different_groups_are_an_error(self):
         with self.assertRaisesRegex(
-            cs.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"
+            ct.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"
         ):
             collective_group_name([graph_choice("tp0"), graph_choice("tp1")])
 
@@ -194,22 +193,6 @@ class TestSettings(TestCase):
                     rf"TORCHINDUCTOR_{knob.upper().removeprefix('INDUCTOR_')}\) {expected}$",
                 ):
                     settings.benchmark_config()
-
-    def test_the_heartbeat_reads_the_timeout_alone(self):
-        with inductor_config.patch(collective_benchmark_timeout=0):
-            with self.assertRaisesRegex(
-                ValueError,
-                r"^torch\._inductor\.config\.collective_benchmark_timeout \(environment "
-                r"variable TORCHINDUCTOR_COLLECTIVE_BENCHMARK_TIMEOUT\) must be "
-                r"positive, got 0$",
-            ):
-                settings.start_heartbeat()
-        # Another knob out of range is the session's error, not the heartbeat's
-        # (which, without a process group, starts nothing).
-        with inductor_config.patch(collective_benchmark_nruns=0):
-            settings.start_heartbeat()
-            with self.assertRaisesRegex(ValueError, "collective_benchmark_nruns"):
-                settings.benchmark_config()
 
     def test_wrong_type_names_the_knob(self):
         for knob, value in (

@@ -29,8 +29,8 @@ one Inductor cache directory for the job, as on one machine:
   another rank under ``torchrun``) exits with that error; no process aborts
   (no signal but the launcher's SIGTERM), none outlives the launch's bound.
 
-The control plane's threads are what made a rank abort at exit ("terminate
-called without an active exception", see ``collective_benchmarking/liveness.py``);
+A thread of the stack's own once made a rank abort at exit ("terminate
+called without an active exception"); the stack starts none now, and
 ``scripts/bench_collective_launchers.py`` repeats these launches many times
 and counts non-zero exits.  A gloo job without ``destroy_process_group`` can
 abort so at exit without the stack too (pytorch/pytorch#190489,

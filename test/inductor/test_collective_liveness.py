@@ -1,32 +1,23 @@
-"""Stragglers waited for, wedged ranks named, per world size, on CPU/gloo.
+"""Stragglers waited for, wedged ranks named, on CPU/gloo.
 
-What this checks, at 2 and 4 ranks (3 ranks behave as 4 do: one watched
-member per watcher; dropped to keep CI short; the stragglers at 4 ranks
-only, where a watcher's successor is not also its predecessor), with ``collective_benchmark_timeout``
-at ``TIMEOUT_S`` and the default path (V2; the protocol under test is the
-same under V1, see ``test_collective_autotuning.py``):
+What this checks, at 2 and 4 ranks (the stragglers at 4 ranks only), on
+the default path (V2; the protocol under test is the same under V1, see
+``test_collective_autotuning.py``).  A rank that does not come to a step
+that needs every member is waited for up to ``collective_benchmark_max_wait``
+(it may be a straggler), then named:
 
 * Stragglers are waited for.  One op with two faulty candidates and a
-  healthy one: one stalls (a Python sleep: the rank is alive and its
-  heartbeat goes on) for 3x the timeout on the last rank, the other for 10x
-  the timeout on rank 0, both in their timed runs, and both would be the
-  fastest otherwise.  The job goes on: the healthy candidate wins on every
-  rank, every rank ran it after compiling, the result is exact.  Without the
-  heartbeat the first stall alone made every rank raise.
-* A wedged rank is named.  The last rank blocks for 6x the timeout in a C
-  call that holds the GIL (its heartbeat thread cannot run): every healthy
-  rank raises ``CollectiveBenchmarkError`` naming it as silent, within 4x
-  the timeout of the wedging candidate's start, long before the wedge
-  ends; the wedged rank, once back, finds its peers' verdict and raises too.
-* A stuck rank is named.  The last rank blocks, inside a candidate's timed
-  run, in an all_reduce on the user's WORLD group object that no peer issues
-  (alive, its heartbeat going, but blocked in a collective its peers have
-  left, which dropping the benchmark channel cannot fail): every healthy
-  rank raises ``CollectiveBenchmarkError`` naming it and the collective it is
-  blocked in (its op and group, from c10d's FlightRecorder), within the
-  timeout plus 15 s of the call that got stuck, not after
-  ``collective_benchmark_max_wait`` (20x the timeout).  The healthy ranks then join the
-  stuck collective, and the stuck rank, released, raises the same verdict.
+  healthy one: one stalls (a Python sleep) for 3x the timeout on the last
+  rank, the other for 10x the timeout on rank 0, both in their timed runs,
+  and both would be the fastest otherwise.  The job goes on: the healthy
+  candidate wins on every rank, every rank ran it after compiling, the
+  result is exact.
+* A wedged rank is named.  At a 2 s timeout and a max wait of
+  ``MAX_WAIT_S``, the last rank blocks for ``WEDGE_S`` in a C call that
+  holds the GIL: every healthy rank raises ``CollectiveBenchmarkError``
+  naming it, within 40 s of the wedging candidate's start, long before the
+  wedge ends; the wedged rank, once back, finds that its peers gave up on
+  it and raises at once.
 
 The killed-rank test stays in ``test_collective_autotuning.py``.
 """
@@ -65,6 +56,11 @@ from test_collective_autotuning import (
 )
 
 TIMEOUT_S = 3.0
+# The wedge: its timeout and max wait, and how long it lasts (past the time
+# its peers need to name it: a timeout, the max wait, a timeout to check in).
+WEDGE_TIMEOUT_S = 2.0
+MAX_WAIT_S = 12.0
+WEDGE_S = 30
 
 
 class LivenessTests:
@@ -88,63 +84,41 @@ class LivenessTests:
         )
         return torch.compile(lambda x: all_reduce_op(x) + 1)
 
-    def test_wedged_rank_is_named_within_the_timeout(self):
+    def test_wedged_rank_is_named_when_the_max_wait_runs_out(self):
         last = self.world_size - 1
         FAULTS.clear()
-        FAULTS["wedges"] = Fault(
-            "wedge", [last], call=NWARMUP + 2, seconds=6 * TIMEOUT_S
-        )
+        FAULTS["wedges"] = Fault("wedge", [last], call=NWARMUP + 2, seconds=WEDGE_S)
         DELAY_MS.clear()
         CALLED_AT.clear()
-        with tuning_config(True, collective_benchmark_timeout=TIMEOUT_S):
+        with tuning_config(
+            True,
+            collective_benchmark_timeout=WEDGE_TIMEOUT_S,
+            collective_benchmark_max_wait=MAX_WAIT_S,
+        ):
             compiled = self._compile(["wedges", "good"])
-            # Inductor wraps the error (InductorError); its message is the benchmarker's.
-            # The first healthy rank to give up names the wedged one; the others,
-            # and the wedged one once back, raise its verdict.
-            pattern = rf"ranks \[{last}\] of group .* no heartbeat from them for"
+            # Inductor wraps the error (InductorError); its message is the
+            # benchmarker's.
             if self.rank == last:
-                pattern += ".*the verdict of a peer that gave up waiting"
+                pattern = r"gave up waiting for this rank at failure agreement"
+            else:
+                pattern = (
+                    rf"ranks \[{last}\] of group .* did not reach failure agreement "
+                    rf"within {MAX_WAIT_S:g}s"
+                )
             with self.assertRaisesRegex(Exception, pattern):
                 compiled(self._input())
             named_after = time.monotonic() - CALLED_AT[("wedges", NWARMUP + 2)]
         FAULTS.clear()
         if self.rank != last:
-            # The wedge lasts 6 timeouts: naming the rank within 4 means its
-            # silence was noticed (after one timeout, some beats and the
-            # unwinding, slow on busy cores), not its return.
-            self.assertLess(named_after, 4 * TIMEOUT_S)
+            # Named once the bounds ran out, long before the wedge ends.
+            self.assertLess(named_after, 40.0)
 
-    def test_stuck_rank_is_named_within_the_timeout(self):
-        last = self.world_size - 1
-        FAULTS.clear()
-        FAULTS["gets_stuck"] = Fault("stuck", [last], call=NWARMUP + 2)
-        DELAY_MS.clear()
-        CALLED_AT.clear()
-        # The collective as c10d's FlightRecorder recorded it: op and group.
-        pattern = (
-            rf"ranks \[{last}\] of group .* blocked in gloo:all_reduce "
-            r"on process group '0' \(default_pg\)"
-        )
-        # The max wait is far beyond the bound: only the stuck rule names it in time.
-        with tuning_config(
-            True,
-            collective_benchmark_timeout=TIMEOUT_S,
-            collective_benchmark_max_wait=20 * TIMEOUT_S,
-        ):
-            compiled = self._compile(["gets_stuck", "good"])
-            if self.rank == last:
-                # Released by its peers below, it finds their verdict.
-                with self.assertRaisesRegex(Exception, pattern):
-                    compiled(self._input())
-            else:
-                with self.assertRaisesRegex(Exception, pattern):
-                    compiled(self._input())
-                named_after = time.monotonic() - CALLED_AT[("gets_stuck", NWARMUP + 2)]
-                # Slack for busy cores, still far below the max wait.
-                self.assertLess(named_after, TIMEOUT_S + 15)
-                # Join the collective the stuck rank is blocked in.
-                dist.all_reduce(torch.ones(1))
-        FAULTS.clear()
+    def _expected(self) -> torch.Tensor:
+        inputs = [
+            (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS)
+            for r in range(self.world_size)
+        ]
+        return _expected("all_reduce", inputs, self.rank)
 
 
 class StragglerTests(LivenessTests):
@@ -175,13 +149,7 @@ class StragglerTests(LivenessTests):
         ran_everywhere: list = [None] * self.world_size
         dist.all_gather_object(ran_everywhere, list(RAN))
         self.assertEqual(ran_everywhere, [["good"]] * self.world_size)
-        inputs = [
-            (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS)
-            for r in range(self.world_size)
-        ]
-        torch.testing.assert_close(
-            result, _expected("all_reduce", inputs, self.rank) + 1, rtol=0, atol=0
-        )
+        torch.testing.assert_close(result, self._expected() + 1, rtol=0, atol=0)
 
 
 for _world_size in (2, 4):

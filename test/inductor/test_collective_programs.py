@@ -2,7 +2,7 @@
 
 At 2 ranks on V1 (tuned while lowering) and 3 ranks on V2 (the default: in
 the scheduler), an even and an odd world size (4 ranks are run by the per-op
-and liveness tests), one class of rank processes
+and straggler tests), one class of rank processes
 (``RankProcessesTestCase``: one set of processes for the class) compiles
 programs around an all_reduce custom op with autotuned implementations:
 
@@ -48,7 +48,7 @@ from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
-from torch._inductor.runtime.collective_benchmarking.store import (
+from torch._inductor.runtime.collective_benchmarking.types import (
     CollectiveBenchmarkError,
 )
 from torch.testing._internal.common_utils import run_tests

@@ -6,9 +6,6 @@ What this checks:
   the default, then to registration order; all-failed gives no winner (every
   rank then uses the default).  Property-based: the winner only depends on
   the agreed times and the order.
-* ``earliest_failure``: the rule every rank applies to the failure reports
-  of its peers blames the same round with the same statuses, whatever order
-  the reports come in.
 * The noise rules: the sign test, a candidate replaces the default only
   when faster in significantly more interleaved runs than chance, drift
   over a session favours no candidate once runs are interleaved, and every
@@ -102,63 +99,6 @@ class TestPickWinner(TestCase):
 
 def result(name: str, runs: list[float], status=OK) -> cd.CandidateResult:
     return cd.CandidateResult(name, (cd.RankReport(status, tuple(runs)),))
-
-
-class TestFailureAgreement(TestCase):
-    def test_earliest_round_takes_the_worst_status_reported_for_it(self):
-        # Rank 1 raised in round 2; rank 0 saw its channel fail there; rank 2
-        # had finished round 2 and failed in round 3 when rank 1 left.
-        posts = [
-            cd.FailureReport(2, PEER, "warmup"),
-            cd.FailureReport(2, RAISED, "warmup"),
-            cd.FailureReport(3, PEER, "warmup"),
-        ]
-        round_index, reports, stage = cd.earliest_failure(posts)
-        self.assertEqual(round_index, 2)
-        self.assertEqual([r.status for r in reports], [PEER, RAISED, OK])
-        self.assertEqual(stage, "warmup")
-
-    def test_the_stage_carries_the_error_of_the_worst_report(self):
-        # A post's stage names the error, so that every member can say why a
-        # candidate lost, not only where.
-        posts = [
-            cd.FailureReport(1, PEER, "warmup: DistError: Connection closed by peer"),
-            cd.FailureReport(1, RAISED, "warmup: RuntimeError: a: b"),
-        ]
-        _, _, stage = cd.earliest_failure(posts)
-        self.assertEqual(stage, "warmup: RuntimeError: a: b")
-
-    def test_timeout_is_retryable_and_a_real_failure_is_not(self):
-        self.assertTrue(TIMEOUT.retryable and PEER.retryable)
-        self.assertFalse(RAISED.retryable or WRONG.retryable or OK.retryable)
-        _, reports, _ = cd.earliest_failure(
-            [
-                cd.FailureReport(1, TIMEOUT, "timed runs"),
-                cd.FailureReport(1, PEER, "timed runs"),
-            ]
-        )
-        self.assertTrue(max(r.status for r in reports).retryable)
-
-    @settings(max_examples=200, deadline=None)
-    @given(
-        posts=st.lists(
-            st.tuples(
-                st.integers(0, 1), st.sampled_from([PEER, TIMEOUT, WRONG, RAISED])
-            ),
-            min_size=1,
-            max_size=6,
-        ),
-        data=st.data(),
-    )
-    def test_every_rank_derives_the_same_verdict_in_any_order(self, posts, data):
-        reports = [cd.FailureReport(r + 4, s, f"stage{int(s)}") for r, s in posts]
-        shuffled = data.draw(st.permutations(reports))
-        first, second = cd.earliest_failure(reports), cd.earliest_failure(shuffled)
-        self.assertEqual(first[0], second[0])
-        self.assertEqual(
-            max(r.status for r in first[1]), max(r.status for r in second[1])
-        )
-        self.assertEqual(first[2], second[2])
 
 
 class TestNoiseRules(TestCase):

@@ -1,11 +1,7 @@
-"""The benchmarking part of a collective autotuning session, and how it classifies errors.
+"""The benchmarking part of a collective autotuning session, on one rank.
 
 What this checks:
 
-* ``classify``: a timeout is told by its type or by its message, in any case,
-  also when a backend error carries it; a lost connection to a peer is
-  ``PEER_FAILED``; both are retried, and anything else (a protocol error
-  included) is ``RAISED``, never retried.
 * ``SessionRun`` on a one-rank gloo group, with candidates that are plain
   callables all-reducing over the group by its name: their collectives run on
   the benchmark channel, never on the group; a candidate that raises is
@@ -26,13 +22,10 @@ import torch
 import torch.distributed as dist
 from torch._inductor.runtime.collective_benchmarking import (
     channels,
-    control,
     decisions as cd,
     rules as cr,
-    store as cs,
     types as ct,
 )
-from torch._inductor.runtime.collective_benchmarking.failures import classify
 from torch._inductor.runtime.collective_benchmarking.session import SessionRun
 from torch.testing._internal.common_utils import TestCase, run_tests
 
@@ -40,34 +33,6 @@ from rank_processes import one_rank_file_store
 
 Status = cd.CandidateStatus
 c10d = torch.ops._c10d_functional
-
-
-class TestClassify(TestCase):
-    def test_timeouts_by_type_or_message_even_from_a_backend(self):
-        for error in (
-            cs.CollectiveBenchmarkTimeout("a benchmark collective did not complete"),
-            TimeoutError("x"),
-            RuntimeError("recv: Operation TIMED OUT"),
-            RuntimeError("Timed out waiting 3000ms for recv operation"),
-            dist.DistBackendError("Connection closed by peer: timed out after 5s"),
-        ):
-            self.assertIs(classify(error), Status.TIMED_OUT, error)
-            self.assertTrue(classify(error).retryable)
-
-    def test_lost_peers_are_retried_and_everything_else_is_raised(self):
-        for error in (
-            dist.DistNetworkError("gloo"),
-            OSError("Connection reset by peer"),
-            dist.DistBackendError("Connection closed by peer [::1]:1"),
-        ):
-            self.assertIs(classify(error), Status.PEER_FAILED, error)
-            self.assertTrue(classify(error).retryable)
-        for error in (
-            cs.CollectiveBenchmarkError("ops differ"),
-            ValueError("timeout=0"),
-        ):
-            self.assertIs(classify(error), Status.RAISED, error)
-            self.assertFalse(classify(error).retryable)
 
 
 class TestSessionRunOnOneRank(TestCase):
@@ -102,18 +67,13 @@ class TestSessionRunOnOneRank(TestCase):
 
     def run_session(self, candidates, excluded=None, twin=None):
         channel = channels.BenchmarkChannel(
-            self.group, torch.device("cpu"), self.config.timeout
+            self.group, torch.device("cpu"), self.config
         )
-        prefix = f"test/session{channel.next_session()}/"
-        timeout, max_wait = self.config.timeout, self.config.max_wait
-        store = control.ControlStore.for_group(prefix, self.group, timeout, max_wait)
-        with store.session():
-            plans = [("op", candidates)]
-            cpu, excluded = torch.device("cpu"), excluded or {}
-            run = SessionRun(
-                self.config, cpu, channel, store, plans, excluded, {}, [twin]
-            )
-            results = run.run()
+        channel.start_session()
+        plans = [("op", candidates)]
+        cpu, excluded = torch.device("cpu"), excluded or {}
+        run = SessionRun(self.config, cpu, channel, plans, excluded, {}, [twin])
+        results = run.run()
         return results[0], run.twin_results[0]
 
     def test_failures_are_disqualified_and_the_rest_timed_interleaved(self):
@@ -139,7 +99,7 @@ class TestSessionRunOnOneRank(TestCase):
         self.assertEqual((twin.status, len(twin.runs_ms)), (Status.OK, 4))
         # On the group's channels (a new one after the failure), never the group.
         for name in self.groups:
-            self.assertRegex(name, rf"^{self.group.group_name}:benchmark\d*$")
+            self.assertRegex(name, rf"^{self.group.group_name}:benchmark[\d.]+$")
         warmups, timed = self.calls[:7], self.calls[7:]
         self.assertEqual(
             warmups, ["default"] * 2 + ["raises", "good", "good"] + ["wrong"] * 2

@@ -19,9 +19,8 @@ entry written between two ranks' lookups.  At 2 and 3 ranks:
   shows the same): one node on the server, the other compiling, the machine busy, and
   the server's answers held for three timeouts from the first lookup on
   (``FaultyProxy``'s ``delay``): the compiling ranks wait
-  at their join, longer than the timeout, for a rank that is alive on its way
-  there (which used to be declared dead: "no heartbeat from them within 10.0s
-  of waking them"), adopt its decision without benchmarking, and every rank
+  at their join, longer than the timeout (a late member is waited for up to
+  the max wait), adopt its decision without benchmarking, and every rank
   runs the same winner, exactly.
 
 Then faults of the server, each costing at most a compile on the ranks that

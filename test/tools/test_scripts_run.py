@@ -4,8 +4,8 @@
 The benchmarks and the soak also call the demo's and the tests' helpers in
 their rank processes, where a changed helper fails only when the script
 runs (``make_input`` gained a device argument, and two scripts died at their
-first input).  Each runs here once, at 2 ranks (4 simulated ones for the
-control plane) and the fewest compiles, runs and sizes it takes, and must
+first input).  Each runs here once, at 2 ranks and the fewest compiles,
+runs and sizes it takes, and must
 exit 0 and print its table.  The figures they print are not checked:
 ``docs/measurements.md`` quotes full runs.
 
@@ -37,14 +37,6 @@ SMALLEST = {
     "bench_collective_buffers.py": (
         ["--ops", "2", "--numel", "1024"],
         "| released when the session ends (0023) |",
-    ),
-    "bench_collective_control.py": (
-        ["--ranks", "4", "--sessions", "1", "--processes", "1", "--timeout", "5"],
-        "| 4 |",
-    ),
-    "bench_collective_liveness.py": (
-        ["--entries", "50", "--seconds", "0.2"],
-        "| a reader every 50 ms |",
     ),
     "bench_collective_regret.py": (
         ["--nproc", "2", "--ops", "all_reduce", "--sizes", "240", "--compiles", "1",

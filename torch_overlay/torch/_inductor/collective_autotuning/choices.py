@@ -41,13 +41,11 @@ from torch._inductor.runtime.collective_benchmarking.rules import (
     apply_speedup_threshold,
     is_default_choice,
 )
-from torch._inductor.runtime.collective_benchmarking.store import (
-    CollectiveBenchmarkError,
-)
 from torch._inductor.runtime.collective_benchmarking.timing import device_of
 from torch._inductor.runtime.collective_benchmarking.types import (
     Candidate,
     CollectiveBenchmarkConfig,
+    CollectiveBenchmarkError,
     digest,
 )
 

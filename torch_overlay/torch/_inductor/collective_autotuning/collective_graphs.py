@@ -11,10 +11,10 @@ import operator
 from typing import Any, cast, TYPE_CHECKING
 
 import torch
-from torch._inductor.runtime.collective_benchmarking.store import (
+from torch._inductor.runtime.collective_benchmarking.types import (
     CollectiveBenchmarkError,
+    digest,
 )
-from torch._inductor.runtime.collective_benchmarking.types import digest
 
 
 if TYPE_CHECKING:

@@ -14,10 +14,7 @@ import dataclasses
 from typing import Any, TYPE_CHECKING
 
 from torch._inductor import config, ir
-from torch._inductor.collective_autotuning.settings import (
-    deferral_requested,
-    start_heartbeat,
-)
+from torch._inductor.collective_autotuning.settings import deferral_requested
 from torch._inductor.virtualized import V
 
 
@@ -138,9 +135,6 @@ def _deferred(
     min_speedup_threshold: float,
     range_dispatch: RangeDispatch | None = None,
 ) -> ir.TensorBox:
-    # Peers wait at the scheduler's join for as long as this rank beats: from
-    # now on, the rest of this graph's lowering cannot make it look lost.
-    start_heartbeat()
     buffer = ir.CollectiveMultiTemplateBuffer(
         layout,
         list(inputs),

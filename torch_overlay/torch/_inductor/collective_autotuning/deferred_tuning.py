@@ -196,7 +196,8 @@ def _agree_on_group(
 def _tuning_key(tunable: _Tunable) -> str:
     # What the tunable's candidates compute, on which layouts, and what they
     # are timed with: tunables with equal keys measure the same thing.  A
-    # node timed alone (no epilogue, or one that cannot change the order)
+    # node timed alone
+    # (no epilogue, or one that cannot change the order)
     # and without a range measures what V1 measures (see
     # benchmark_collective_choices), so the two share remembered decisions;
     # a range is measured at sizes of its own.
@@ -315,7 +316,7 @@ def _agreed_winner(tunable: _Tunable, op: OpToTune, outcome: CollectiveDecision)
 def _report(tunable: _Tunable, timings: dict[Any, float]) -> None:
     # The hooks autotune_select_algorithm calls after benchmarking, so that
     # tools built on them see both paths alike.  The timings are the agreed
-    # ones (with the epilogue under this path), the same on every rank.
+    # ones, the same on every rank.
     from torch._inductor.select_algorithm import get_algorithm_selector_cache
 
     def profiled_time_fn(choices_override: Any = None) -> dict[Any, float]:

@@ -17,7 +17,6 @@ from typing import cast, TYPE_CHECKING
 
 from torch._inductor import config, config_comms
 from torch._inductor.runtime.cache_dir_utils import cache_dir
-from torch._inductor.runtime.collective_benchmarking.liveness import ensure_heartbeat
 from torch._inductor.runtime.collective_benchmarking.types import (
     CollectiveBenchmarkConfig,
     InvalidBenchmarkSetting,
@@ -32,7 +31,6 @@ __all__ = [
     "benchmark_config",
     "candidate_compile_settings",
     "deferral_requested",
-    "start_heartbeat",
 ]
 
 # Each knob this module reads: its environment variable and the Python types
@@ -90,8 +88,8 @@ _KNOBS: dict[str, tuple[str, tuple[type, ...]]] = {
     ),
 }
 
-# CollectiveBenchmarkConfig field -> the knob it is read from; the timeout,
-# which a heartbeat needs alone, is read by _timeout().
+# CollectiveBenchmarkConfig field -> the knob it is read from; the timeout is
+# read by _timeout().
 _FIELDS = {
     "nwarmup": "inductor_default_autotune_warmup",
     "nruns": "collective_benchmark_nruns",
@@ -137,8 +135,9 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
     shorter than the timeout is taken as the timeout: a live member is
     always waited for at least that long.  Raises ``ValueError`` naming the
     knob and its environment variable when a value has the wrong type or is
-    out of range.  Agreed decisions are stored in ``collective_decisions/``
-    of Inductor's cache directory while ``autotune_local_cache`` is set.
+    out of range.
+    Agreed decisions are stored in ``collective_decisions/`` of Inductor's
+    cache directory while ``autotune_local_cache`` is set.
     """
     read = {field: _read(knob) for field, knob in _FIELDS.items()}
     timeout = _timeout()
@@ -167,17 +166,6 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
 def deferral_requested() -> bool:
     """``defer_collective_autotuning``, checked: ``ValueError`` unless a bool."""
     return cast(bool, _read("defer_collective_autotuning"))
-
-
-def start_heartbeat() -> None:
-    """Start this process's heartbeat with the configured timeout (idempotent).
-
-    Any rank may call it, alone, as soon as it may be waited for by peers
-    (see :func:`~torch._inductor.runtime.collective_benchmarking.liveness.ensure_heartbeat`).
-    Reads ``collective_benchmark_timeout`` alone; raises ``ValueError``,
-    naming it and its environment variable, when it is not a positive number.
-    """
-    ensure_heartbeat(_timeout())
 
 
 # Inductor's passes that issue a collective over the job's ranks while they

@@ -47,10 +47,10 @@ def _wait(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _size(group_name: str) -> int:
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.distributed_c10d import _get_group_size_by_name
 
     # cast, not GroupName(): Dynamo traces this (as _functional_collectives does)
-    return _resolve_process_group(cast("GroupName", group_name)).size()
+    return _get_group_size_by_name(cast("GroupName", group_name))
 
 
 def _rank(group_name: str) -> int:

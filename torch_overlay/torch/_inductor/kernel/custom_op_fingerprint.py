@@ -4,9 +4,11 @@ Caches of compiled programs and of decisions must miss when an op's
 registered implementations change and hit when the same registration is made
 again in a new process.  This module describes a registration by what it
 would run (each implementation's code, defaults, captured values and bound
-arguments, its configs), and a program by the topology of the groups its
-candidates can reach (:func:`autotuning_process_groups`).  What the digest
-sees and what it does not: ``docs/modules.md``, "custom_op_fingerprint.py".
+arguments, its configs).
+It describes a program by the topology of the groups its candidates can
+reach (:func:`autotuning_process_groups`).
+What the digest sees and what it does not: ``docs/modules.md``,
+"custom_op_fingerprint.py".
 """
 
 from __future__ import annotations

@@ -18,14 +18,13 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 
 from . import decision_cache
 from .channels import BenchmarkChannel
-from .control import ControlStore
 from .decisions import CandidateResult, CollectiveDecision
 from .groups import process_group_topology, resolve_group
 from .join import join, Joined
-from .liveness import ensure_heartbeat
 from .reporting import (
     adopted_source,
     count_decisions,
@@ -34,12 +33,18 @@ from .reporting import (
     describe,
     explain,
     publish,
+    say_once,
+    untuned_warning,
 )
-from .rules import decide, tuned_nothing, worth_storing
+from .rules import decide
 from .session import SessionRun
-from .store import CollectiveBenchmarkError, STORE_PREFIX
 from .timing import timed, timer_name
-from .types import Candidate, CollectiveBenchmarkConfig, OpToTune
+from .types import (
+    Candidate,
+    CollectiveBenchmarkConfig,
+    CollectiveBenchmarkError,
+    OpToTune,
+)
 
 
 if TYPE_CHECKING:
@@ -50,9 +55,6 @@ __all__ = ["CollectiveBenchmarker"]
 
 log = logging.getLogger(__name__)
 decision_log = torch._logging.getArtifactLogger(__name__, "collective_autotuning")
-
-# (group name, op) of the sessions that tuned nothing and said so in this process.
-_warned_untuned: set[tuple[str, str]] = set()
 
 
 class CollectiveBenchmarker:
@@ -75,7 +77,7 @@ class CollectiveBenchmarker:
         self.device = device
         self.rank = self.group.rank()
         self.size = self.group.size()
-        self.channel = BenchmarkChannel(self.group, device, config.timeout)
+        self.channel = BenchmarkChannel(self.group, device, config)
 
     def run(
         self,
@@ -113,12 +115,13 @@ class CollectiveBenchmarker:
 
         Returns the decisions in ``ops`` order (a disqualified candidate has an
         infinite time; ``winner`` is ``None`` when none of an op's candidates
-        qualified, or when the op's default failed: then nothing is tuned,
-        and every member warns, saying why).  Raises
-        :class:`CollectiveBenchmarkError` on every healthy member when a member
-        is lost or the members' ops differ, and, under the config's
-        ``strict``, when an op tuned nothing; never returns a decision that a
-        healthy member does not share.
+        qualified, or when the op's default failed: then nothing is tuned).
+        Raises :class:`CollectiveBenchmarkError` on every member when some
+        members do not come to a step that needs every member within its
+        bound (naming them), or the members' ops differ; never returns a
+        decision that another member does not share.
+        When nothing is tuned, the group's rank 0 warns, saying why; under
+        the config's ``strict``, every member raises instead.
 
         Each decision is reported in the trace and in TORCH_LOGS
         (``reporting.py``), and the session is a compile event,
@@ -150,27 +153,22 @@ class CollectiveBenchmarker:
     def _run_session(
         self, ops: Sequence[OpToTune], known: Sequence[CollectiveDecision] | None
     ) -> list[CollectiveDecision]:
-        ensure_heartbeat(self.config.timeout)
         started = time.perf_counter()
         remembered: list[CollectiveDecision | None] = (
             list(known)
             if known is not None
             else [decision_cache.recall(self, op) for op in ops]
         )
-        control = ControlStore.for_group(
-            f"{STORE_PREFIX}/{self.group_name}/session{self.channel.next_session()}/",
-            self.group,
-            self.config.timeout,
-            self.config.max_wait,
-        )
-        with control.session():
-            ordered = [
-                sorted(op.candidates, key=lambda c: not c.is_default) for op in ops
-            ]
-            joined = join(self, control, ops, ordered, remembered)
-            results, twins, compile_s = self._benchmark(control, ops, ordered, joined)
+        self.channel.start_session()
+        ordered = [sorted(op.candidates, key=lambda c: not c.is_default) for op in ops]
+        joined = join(self, self.channel, ops, ordered, remembered)
+        results, twins, compile_s = self._benchmark(ops, ordered, joined)
+        counters["collective_autotuning"]["ops"] += len(joined.to_run)
+        counters["collective_autotuning"]["recalled"] += len(ops) - len(joined.to_run)
         decisions, sources = [], []
-        untuned: list[str] = []  # why each op that tuned nothing did
+        # Why each op that tuned nothing, or whose candidates all computed
+        # something else, did: a warning, or strict's error.
+        untuned: list[str] = []
         positions = {op: position for position, op in enumerate(joined.to_run)}
         for i, op in enumerate(ops):
             if i in positions:
@@ -187,10 +185,11 @@ class CollectiveBenchmarker:
             # in this process neither reruns the session nor warns again.
             decision_cache.remember(self, op, decision)
             notes = self._publish(op, decision, source)
-            if tuned_nothing(decision) and (
-                source is DecisionSource.BENCHMARKED or not worth_storing(decision)
-            ):
-                untuned.append(self._tuned_nothing(op, decision, notes))
+            message = self._why_untuned(
+                op, decision, notes, ordered[i][0].is_default, source
+            )
+            if message is not None:
+                untuned.append(message)
             decisions.append(decision)
             sources.append(source)
         count_decisions(decisions, sources)
@@ -201,35 +200,54 @@ class CollectiveBenchmarker:
                 + "\n(torch._inductor.config.collective_benchmark_strict is set)"
             )
         decision_cache.record(self, ops, decisions, same_code=joined.same_code)
-        count_session(sources, time.perf_counter() - started - compile_s)
+        count_session(time.perf_counter() - started - compile_s)
         return decisions
+
+    def _why_untuned(
+        self,
+        op: OpToTune,
+        decision: CollectiveDecision,
+        notes: list[str],
+        has_default: bool,
+        source: DecisionSource,
+    ) -> str | None:
+        # Why ``op`` tuned nothing, said once per op and process by the
+        # group's rank 0 (under strict, every member raises it instead).
+        message = untuned_warning(
+            op.key,
+            decision,
+            notes,
+            has_default=has_default,
+            benchmarked=source is DecisionSource.BENCHMARKED,
+        )
+        if message is not None:
+            key = (self.group_name, op.memo_key or op.key)
+            say_once(log, self.rank, key, message, self.config.strict)
+        return message
 
     def _benchmark(
         self,
-        control: ControlStore,
         ops: Sequence[OpToTune],
         ordered: Sequence[Sequence[Candidate]],
         joined: Joined,
     ) -> tuple[list[list[CandidateResult]], list[CandidateResult | None], float]:
-        # Compiles and runs, in control's session, the candidates of the ops
-        # that the join left to benchmark.  Returns each such op's results and
-        # its default twin's, and the seconds spent compiling.
+        # Compiles and runs the candidates of the ops that the join left to
+        # benchmark.  Returns each such op's results and its default twin's,
+        # and the seconds spent compiling.
         plans = [ordered[i] for i in joined.to_run]
         prepare_errors: dict[tuple[int, int], BaseException] = {}  # filled below
         run = SessionRun(
             self.config,
             self.device,
             self.channel,
-            control,
             [(ops[i].key, ordered[i]) for i in joined.to_run],
             joined.excluded,
             prepare_errors,
             [_twin(candidates[0]) for candidates in plans],
         )
         # Compiled only now, and only what the group benchmarks and can run:
-        # an op that some member remembers is compiled by nobody, nor is a
-        # candidate disqualified before it runs (at the join, or unsafe on
-        # gloo: run.excluded, the same on every member).
+        # no candidate disqualified before it runs (at the join, or unsafe
+        # on gloo: run.excluded, the same on every member)
         to_prepare = [
             ((position, index), candidate.name, candidate.prepare)
             for position, candidates in enumerate(plans)
@@ -242,13 +260,18 @@ class CollectiveBenchmarker:
         }
         prepared = time.perf_counter()
         with timed("compile", "prepare", **metadata):
-            prepare_errors.update(self._prepare(to_prepare))
+            prepare_errors.update(_prepare(to_prepare, self.group_name))
         compile_s = time.perf_counter() - prepared
         if to_prepare:
             # Members compile for different times: the first warmup's
             # collective, bounded by the timeout, must not wait for them.
+            max_wait = self.config.max_wait
             with timed("ready", "presync", **metadata):
-                control.barrier("ready", "the end of compiling the candidates")
+                self.channel.everyone(
+                    "the end of compiling the candidates",
+                    lambda: self.channel.gather_ints([0], max_wait),
+                    max_wait,
+                )
         results = run.run() if plans else []
         return results, run.twin_results, compile_s
 
@@ -277,39 +300,6 @@ class CollectiveBenchmarker:
         )
         return repr(group), repr(settings)
 
-    def _prepare(
-        self, to_prepare: Sequence[tuple[tuple[int, int], str, Callable[[], Any]]]
-    ) -> dict[tuple[int, int], BaseException]:
-        # Run the given preparations, keyed by their candidate's (op, candidate)
-        # position in the session: start every candidate's compilation, then
-        # wait for what each left running (kernel builds, which overlap each
-        # other and the next candidates' lowering).  A candidate whose
-        # preparation fails is disqualified in its warmup, on every member.
-        # Returns the positions that failed, with their errors.
-        failed: dict[tuple[int, int], BaseException] = {}
-
-        def attempt(
-            position: tuple[int, int], name: str, step: Callable[[], Any]
-        ) -> Any:
-            try:
-                return step()
-            except Exception as error:
-                log.warning(
-                    "collective autotuning: preparing %s failed", name, exc_info=True
-                )
-                failed[position] = error
-                return None
-
-        running = []
-        for position, name, prepare in to_prepare:
-            finish = attempt(position, name, prepare)
-            if callable(finish):
-                running.append((position, name, finish))
-        with timed("build_wait", group=self.group_name, candidates=len(running)):
-            for position, name, finish in running:
-                attempt(position, name, finish)
-        return failed
-
     def _decide(
         self,
         results: list[CandidateResult],
@@ -334,29 +324,6 @@ class CollectiveBenchmarker:
             f"{timer_name(self.device)}, {self.config.nruns} runs per candidate",
         )
 
-    def _tuned_nothing(
-        self, op: OpToTune, decision: CollectiveDecision, notes: Sequence[str]
-    ) -> str:
-        # Warned on every member, once per op and process, in the words of
-        # the trace and TORCH_LOGS; returned for strict to raise every time.
-        message = (
-            f"collective autotuning of {op.key} over group {self.group_name!r} "
-            f"tuned nothing: {decision.reason}. Each candidate: "
-            + "; ".join(
-                f"{result.name}: {note}"
-                for result, note in zip(decision.results, notes, strict=True)
-            )
-        )
-        warned = (self.group_name, op.memo_key or op.key)
-        if not self.config.strict and warned not in _warned_untuned:
-            _warned_untuned.add(warned)
-            log.warning(
-                "%s. Set torch._inductor.config.collective_benchmark_strict to "
-                "make this an error.",
-                message,
-            )
-        return message
-
     def _publish(
         self, op: OpToTune, decision: CollectiveDecision, source: DecisionSource
     ) -> list[str]:
@@ -380,6 +347,39 @@ class CollectiveBenchmarker:
             )
             decision_log.debug(describe(decision, header, source, notes))
         return notes
+
+
+def _prepare(
+    to_prepare: Sequence[tuple[tuple[int, int], str, Callable[[], Any]]],
+    group_name: str,
+) -> dict[tuple[int, int], BaseException]:
+    # Run the given preparations, keyed by their candidate's (op, candidate)
+    # position in the session: start every candidate's compilation, then
+    # wait for what each left running (kernel builds, which overlap each
+    # other and the next candidates' lowering).  A candidate whose
+    # preparation fails is disqualified in its warmup, on every member.
+    # Returns the positions that failed, with their errors.
+    failed: dict[tuple[int, int], BaseException] = {}
+
+    def attempt(position: tuple[int, int], name: str, step: Callable[[], Any]) -> Any:
+        try:
+            return step()
+        except Exception as error:
+            log.warning(
+                "collective autotuning: preparing %s failed", name, exc_info=True
+            )
+            failed[position] = error
+            return None
+
+    running = []
+    for position, name, prepare in to_prepare:
+        finish = attempt(position, name, prepare)
+        if callable(finish):
+            running.append((position, name, finish))
+    with timed("build_wait", group=group_name, candidates=len(running)):
+        for position, name, finish in running:
+            attempt(position, name, finish)
+    return failed
 
 
 def _twin(first: Candidate) -> Candidate | None:

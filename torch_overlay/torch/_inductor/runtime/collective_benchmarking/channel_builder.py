@@ -3,9 +3,9 @@
 :func:`build_channel` asks c10d for a members-only group under the channel's
 own name (``_new_group_with_tag`` with ``use_local_synchronization`` and
 ``group_name``), with the backend of every device type the group serves
-(:func:`served_backends`) and the group's backend options; ``channels.py``
-keeps one channel per group and lets it stand in for the group while
-candidates run.
+(:func:`served_backends`) and a CPU side for the protocol's own collectives;
+``channels.py`` keeps one channel per group and lets it stand in for the
+group while candidates run.
 """
 
 from __future__ import annotations
@@ -15,18 +15,14 @@ from typing import Any, TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .store import CollectiveBenchmarkError
+from .types import CollectiveBenchmarkError
 
 
 if TYPE_CHECKING:
     from datetime import timedelta
 
 
-__all__ = [
-    "build_channel",
-    "only_gloo",
-    "served_backends",
-]
+__all__ = ["build_channel", "served_backends"]
 
 
 def served_backends(group: dist.ProcessGroup) -> dict[str, str]:
@@ -47,14 +43,16 @@ def served_backends(group: dist.ProcessGroup) -> dict[str, str]:
     return dist.distributed_c10d.BackendConfig(config).get_device_backend_map()
 
 
-def only_gloo(served: dict[str, str]) -> bool:
-    """Whether gloo serves every device type (of :func:`served_backends`).
-
-    gloo's timeout is what ends a collective that a peer left; other
-    backends' watchdogs end the process at theirs, so the protocol must
-    abort such a channel first.
-    """
-    return set(served.values()) == {"gloo"}
+def _channel_backend(group: dist.ProcessGroup, served: dict[str, str]) -> str:
+    # The name c10d recorded for the group (what get_backend() answers), which
+    # c10d resolves to the same backends in this process; a group without a
+    # CPU side (NCCL alone) gets gloo for it, as Inductor's distributed
+    # autotuning does for its objects: the protocol exchanges on the host.
+    if "cpu" in served:
+        return dist.get_backend(group)
+    return ",".join(
+        f"{device}:{name}" for device, name in {"cpu": "gloo", **served}.items()
+    )
 
 
 def _backend_options(group: dist.ProcessGroup, served: dict[str, str]) -> Any:
@@ -73,7 +71,11 @@ def _backend_options(group: dist.ProcessGroup, served: dict[str, str]) -> Any:
 
 
 def build_channel(
-    group: dist.ProcessGroup, served: dict[str, str], name: str, timeout: timedelta
+    group: dist.ProcessGroup,
+    served: dict[str, str],
+    name: str,
+    timeout: timedelta,
+    max_wait: timedelta,
 ) -> dist.ProcessGroup:
     """A new c10d group named ``name`` over ``group``'s ranks, with its backends ``served``.
 
@@ -82,18 +84,22 @@ def build_channel(
     ``group`` call it (with the same ``name``, unique in the process), it
     leaves the names of groups created later alone, and its communicators
     are fresh (a split is collective over ranks that may not take part).
-    Raises :class:`CollectiveBenchmarkError` for a group c10d did not build,
+    Its members meet within ``max_wait`` (a member may come late); then
+    each collective on it is bounded by ``timeout``, but NCCL's, whose
+    watchdog would end the process at its own timeout: NCCL's is twice
+    ``timeout``, so that the protocol aborts the channel first.  Raises
+    :class:`CollectiveBenchmarkError` for a group c10d did not build,
     ``ValueError`` for a name in use, and what the backend raises when the
-    members cannot connect within ``timeout``.
+    members do not meet within ``max_wait``.
     """
-    gloo_alone = only_gloo(served)
     channel = dist.distributed_c10d._new_group_with_tag(
         dist.get_process_group_ranks(group),
-        timeout=timeout if gloo_alone else 2 * timeout,
-        # The name c10d recorded for the group (what get_backend() answers),
-        # which c10d resolves to the same backends in this process.
-        backend=dist.get_backend(group),
+        timeout=max_wait,
+        backend=_channel_backend(group, served),
         backend_options=_backend_options(group, served),
+        # Its own tag, so that functional collectives that look groups up by
+        # (tag, ranks) never find the channel in place of the user's group,
+        # which has the empty tag and the same ranks.
         pg_tag=name,
         use_local_synchronization=True,
         group_desc=f"collective autotuning channel of {group.group_name}",
@@ -106,8 +112,7 @@ def build_channel(
             f"collective autotuning: this rank is not a member of group "
             f"{group.group_name!r}, so it cannot build its channel"
         )
-    if not gloo_alone:
-        for device, backend in served.items():
-            if backend == "gloo":
-                channel._get_backend(torch.device(device))._set_default_timeout(timeout)
+    channel.set_timeout(timeout)
+    if "nccl" in served.values():
+        channel._get_backend(torch.device("cuda")).set_timeout(2 * timeout)
     return channel

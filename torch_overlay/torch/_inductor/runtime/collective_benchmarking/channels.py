@@ -1,42 +1,48 @@
-"""Benchmark channels: private process groups that candidates run their collectives on.
+"""Benchmark channels: the private process groups a session runs on.
 
 Candidates never run on the user's process group while they can fail.  Each
 group that tunes gets a *benchmark channel*: a c10d group of its own name
 over the same ranks, built by its members only, and standing in for the
 group's name while candidates run (:func:`registered_as`), so that their
-functional collectives, which resolve their group by name, run on it.  A
-channel on which a collective failed is dropped, never reused.  Why, and
-what a candidate that keeps a group object gets:
-``docs/modules.md``, "channels.py".
+functional collectives, which resolve their group by name, run on it.  The
+protocol's own collectives (the join, the exchange, a failure agreement)
+run on the channel's CPU side, each bounded.  A channel on which a
+collective failed is dropped, never reused.  Why, and what a candidate that
+keeps a group object gets: ``docs/modules.md``, "channels.py".
 """
 
 from __future__ import annotations
 
 import atexit
 import dataclasses
+import json
 import time
 import weakref
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from .channel_builder import build_channel, only_gloo, served_backends
-from .store import CollectiveBenchmarkTimeout
-from .timing import wait_device
+from .channel_builder import build_channel, served_backends
+from .groups import RollCall
+from .types import CollectiveBenchmarkError, CollectiveBenchmarkTimeout
 
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from datetime import timedelta
 
+    from .types import CollectiveBenchmarkConfig
 
-__all__ = [
-    "BenchmarkChannel",
-    "registered_as",
-]
+
+__all__ = ["BenchmarkChannel", "registered_as"]
+
+_T = TypeVar("_T")
+
+# The step every member of a session reaches first, in errors.
+JOIN = "the start of autotuning"
 
 
 @contextmanager
@@ -62,9 +68,9 @@ def registered_as(name: str, channel: dist.ProcessGroup) -> Iterator[None]:
 
     group_name = dist.distributed_c10d.GroupName(name)
     original = _resolve_process_group(group_name)
-    _unregister_process_group(group_name)
-    _register_process_group(group_name, channel)
     try:
+        _unregister_process_group(group_name)
+        _register_process_group(group_name, channel)
         yield
     finally:
         _unregister_process_group(group_name)
@@ -73,8 +79,8 @@ def registered_as(name: str, channel: dist.ProcessGroup) -> Iterator[None]:
 
 def _release(channel: dist.ProcessGroup | None, abort: bool) -> None:
     # As c10d releases a group: a healthy channel is destroyed (its backends
-    # shut down), a failed one other than gloo is aborted (a collective that
-    # did not complete leaves NCCL's kernel spinning).  A channel that
+    # shut down), a failed one with a device backend is aborted (a collective
+    # that did not complete leaves NCCL's kernel spinning).  A channel that
     # destroy_process_group() already released is not in c10d's tables.
     if channel is None:
         return
@@ -91,16 +97,15 @@ def _release(channel: dist.ProcessGroup | None, abort: bool) -> None:
 class _GroupState:
     """What the protocol keeps per process group between sessions.
 
-    The counters advance at the same protocol steps on every member, so they
-    name the same channels everywhere.
+    ``sessions`` advances at the start of every session on every member, so
+    channel names derived from it are the same everywhere.
     """
 
     sessions: int = 0
-    channels: int = 0
+    channel_timeout: timedelta | None = None
     # c10d's tables hold the channel, so that destroy_process_group() frees
     # it with every group (its gloo threads and sockets included).
     channel_ref: weakref.ref[dist.ProcessGroup] | None = None
-    channel_timeout: timedelta | None = None
     # The group the channel mirrors: a group re-created under the same name
     # (destroy_process_group, then init again) must not reuse the old channel.
     group: weakref.ref[dist.ProcessGroup] | None = None
@@ -117,8 +122,8 @@ class _GroupState:
 
 
 # Counters survive a new default group: a job that destroys its process
-# group and initializes it again may keep the same store server, whose keys
-# from the earlier channels must not be read again.
+# group and initializes it again may keep the same store server, under
+# whose keys its earlier channels met.
 _group_states: dict[str, _GroupState] = {}
 
 
@@ -144,41 +149,56 @@ class BenchmarkChannel:
     """The benchmark channel of one process group, kept across its sessions.
 
     Every member of ``group`` must make the same calls in the same order:
-    :meth:`get` builds the channel when there is none, :meth:`drop` discards
-    it (after a failure; the next :meth:`get` builds a new one).
+    :meth:`start_session` at the start of each session, :meth:`get` builds
+    the channel when there is none, :meth:`drop` discards it after a failure
+    and :meth:`rebuild` replaces it.  A step that needs every member within
+    a bound runs in :meth:`everyone`, which names the members that did not
+    come.
     """
 
     def __init__(
-        self, group: dist.ProcessGroup, device: torch.device, timeout: timedelta
+        self,
+        group: dist.ProcessGroup,
+        device: torch.device,
+        config: CollectiveBenchmarkConfig,
     ) -> None:
         self.group = group
         self.device = device
-        self.timeout = timeout
+        self.timeout = config.timeout
+        self.max_wait = config.max_wait
         self.served = served_backends(group)
         # The backend the candidates' collectives run on (None: the group
         # serves no backend for their device, and they fail as in the program).
         self.backend = self.served.get(device.type)
-        self._only_gloo = only_gloo(self.served)
         self._state = _group_state(group)
+        self._builds = 0  # channels built in this session: names the next one
+        self._steps = 0  # steps of this session that need every member
 
-    def next_session(self) -> int:
-        """A number for the group's next session, the same on every member."""
+    @property
+    def name(self) -> str:
+        """The name of this session's next (or last) channel, the same on every member."""
+        suffix = f".{self._builds}" if self._builds > 1 else ""
+        return f"{self.group.group_name}:benchmark{self._state.sessions}{suffix}"
+
+    def start_session(self) -> None:
+        """Count a session of the group; the same number on every member."""
         self._state.sessions += 1
-        return self._state.sessions
+        self._builds = self._steps = 0
 
     def get(self) -> dist.ProcessGroup:
-        """The channel, built (a store rendezvous of the members) when there is none."""
+        """The channel; built, its members meeting within ``max_wait``, when there is none."""
         state = self._state
         channel = state.channel
         if channel is not None and state.channel_timeout != self.timeout:
             self.drop()  # every member sees the same timeout (it is in the join)
             channel = None
         if channel is None:
-            state.channels += 1
-            state.channel_timeout = self.timeout
-            name = f"{self.group.group_name}:benchmark{state.channels}"
-            channel = build_channel(self.group, self.served, name, self.timeout)
+            self._builds += 1
+            channel = build_channel(
+                self.group, self.served, self.name, self.timeout, self.max_wait
+            )
             state.channel_ref = weakref.ref(channel)
+            state.channel_timeout = self.timeout
         return channel
 
     def drop(self) -> None:
@@ -186,18 +206,74 @@ class BenchmarkChannel:
 
         Returns once a gloo channel is destroyed: at once, or, when a
         collective of this rank is still pending on it (its wait timed out),
-        when that collective ends, within the channel's own timeout.
+        when that collective ends, within its own bound.
         """
-        # Destroying a gloo channel closes its sockets with its last
-        # reference; other backends (NCCL) need an abort.  ~ProcessGroupGloo
-        # first joins its worker threads, and a worker that releases a
-        # finished work may need the GIL (to free its tensors' Python
-        # objects).  The join runs without the GIL: the reference dropped
-        # here is the Python object's, whose holder (c10d's
-        # IntrusivePtrNoGilDestructor) releases the GIL first, so the worker
-        # finishes and this rank's heartbeat goes on (measured with
-        # scripts/repro_gloo_destroy_pending.py).
-        _release(self._state.take_channel(), abort=not self._only_gloo)
+        # Gloo closes its sockets with the last reference; other backends
+        # (NCCL) need an abort.  ~ProcessGroupGloo joins its workers, which
+        # may need the GIL; c10d's IntrusivePtrNoGilDestructor releases it
+        # first (scripts/repro_gloo_destroy_pending.py).
+        only_gloo = set(self.served.values()) == {"gloo"}
+        _release(self._state.take_channel(), abort=not only_gloo)
+
+    def rebuild(self, what: str) -> None:
+        """Replace a failed channel by a new one, every member meeting within ``max_wait``.
+
+        Raises :class:`CollectiveBenchmarkError` naming the members that did
+        not come to ``what``, or, on a member that comes after the others
+        gave up waiting for it, saying so at once.
+        """
+        self.drop()
+        self.everyone(what, self.get, self.max_wait, late_check=True)
+
+    def everyone(
+        self,
+        what: str,
+        step: Callable[[], _T],
+        bound: timedelta,
+        late_check: bool = False,
+    ) -> _T:
+        """``step``'s result: a step that needs every member, bounded by ``bound``.
+
+        When it fails (its bound ran out, or a peer left it), the channel is
+        dropped and this member raises :class:`CollectiveBenchmarkError`
+        naming the members that did not come to ``what``: the members that
+        failed it check in over the job's store, within the timeout.  Every
+        member that reaches the step raises alike; with ``late_check`` (one
+        store request), a member that comes after the others gave up raises
+        without waiting for them.
+        """
+        self._steps += 1
+        roll = RollCall(
+            self.group,
+            f"collective_autotuning/{self.group.group_name}/session"
+            f"{self._state.sessions}/step{self._steps}/",
+            self.timeout,
+        )
+        if late_check and roll.taken():
+            raise CollectiveBenchmarkError(
+                f"collective autotuning: the other members of group "
+                f"{self.group.group_name!r} gave up waiting for this rank at {what} "
+                f"(after {bound.total_seconds():g}s); it came later"
+            )
+        try:
+            return step()
+        except Exception as error:
+            self.drop()
+            absent = roll.absent()
+            ranks = dist.get_process_group_ranks(self.group)
+            cause = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+            if absent:
+                message = (
+                    f"ranks {[ranks[rank] for rank in absent]} of group "
+                    f"{self.group.group_name!r} did not reach {what} within "
+                    f"{bound.total_seconds():g}s{_absent_hint(what)} ({cause})"
+                )
+            else:
+                unknown = " (the job's store is unreachable)" if absent is None else ""
+                message = f"{what} failed on group {self.group.group_name!r}{unknown}: {cause}"
+            raise CollectiveBenchmarkError(
+                f"collective autotuning: {message}"
+            ) from error
 
     @contextmanager
     def registered(self) -> Iterator[dist.ProcessGroup]:
@@ -206,41 +282,89 @@ class BenchmarkChannel:
         with registered_as(self.group.group_name, channel):
             yield channel
 
+    def collectives_issued(self) -> int | None:
+        """How many collectives this rank issued on the channel's candidate backend.
+
+        ``None`` when there is no channel, or its backend does not count.
+        """
+        channel = self._state.channel
+        if channel is None or self.backend is None:
+            return None
+        try:
+            backend = channel._get_backend(self.device)
+            # Missing from c10d's stubs; gloo and NCCL count every collective.
+            return backend._get_sequence_number_for_group()  # type: ignore[attr-defined]
+        except RuntimeError:
+            return None
+
+    # The protocol's own collectives, on the channel's CPU side -----------------
+    def gather_ints(self, values: list[int], wait: timedelta) -> list[list[int]]:
+        """Every member's ``values`` (equal lengths), in rank order, within ``wait``."""
+        tensor = torch.tensor(values, dtype=torch.int64)
+        return [row.tolist() for row in self._all_gather(tensor, wait)]
+
+    def gather_objects(self, value: Any, wait: timedelta) -> list[Any]:
+        """Every member's ``value`` (JSON-serializable), in rank order, within ``wait``."""
+        payload = torch.frombuffer(
+            bytearray(json.dumps(value).encode()), dtype=torch.uint8
+        )
+        sizes = self.gather_ints([payload.numel()], wait)
+        padded = torch.zeros(max(size for (size,) in sizes), dtype=torch.uint8)
+        padded[: payload.numel()] = payload
+        rows = self._all_gather(padded, wait)
+        return [
+            json.loads(bytes(row[:size].tolist()).decode())
+            for row, (size,) in zip(rows, sizes, strict=True)
+        ]
+
     def all_gather(self, values: list[float]) -> list[list[float]]:
-        """Every member's ``values`` (equal lengths), in rank order, bounded by the timeout."""
-        counters["collective_autotuning"]["sync_collectives"] += 1
-        tensor = self._tensor(values)
-        gathered = [torch.empty_like(tensor) for _ in range(self.group.size())]
-        self._wait(self.get().allgather([gathered], [tensor]), tensor)
-        _count_bytes(tensor.nbytes * (1 + len(gathered)))
-        return [row.tolist() for row in gathered]
+        """Every member's ``values`` (equal lengths), in rank order, within the timeout."""
+        tensor = torch.tensor(values, dtype=torch.float64)
+        return [row.tolist() for row in self._all_gather(tensor, self.timeout)]
 
     def all_reduce_max(self, value: float) -> float:
-        """The maximum of every member's ``value``, bounded by the timeout."""
+        """The maximum of every member's ``value``, within the timeout."""
         counters["collective_autotuning"]["sync_collectives"] += 1
-        tensor = self._tensor([value])
+        tensor = torch.tensor([value], dtype=torch.float64)
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.MAX
-        self._wait(self.get().allreduce([tensor], options), tensor)
+        options.timeout = self.timeout
+        self._wait(self.get().allreduce([tensor], options), self.timeout)
         _count_bytes(2 * tensor.nbytes)
         return float(tensor.item())
 
-    def _tensor(self, values: list[float]) -> torch.Tensor:
-        # On the host where the channel serves it (no device sync), else on
-        # the candidates' device (an NCCL-only group).
-        device = torch.device("cpu") if "cpu" in self.served else self.device
-        return torch.tensor(values, dtype=torch.float64, device=device)
+    def _all_gather(self, tensor: torch.Tensor, wait: timedelta) -> list[torch.Tensor]:
+        counters["collective_autotuning"]["sync_collectives"] += 1
+        gathered = [torch.empty_like(tensor) for _ in range(self.group.size())]
+        options = dist.distributed_c10d.AllgatherOptions()
+        options.timeout = wait
+        self._wait(self.get().allgather([gathered], [tensor], options), wait)
+        _count_bytes(tensor.nbytes * (1 + len(gathered)))
+        return gathered
 
-    def _wait(self, work: dist.Work, result: torch.Tensor) -> None:
+    @staticmethod
+    def _wait(work: dist.Work, wait: timedelta) -> None:
+        # The option bounds the collective where the backend reads it (gloo);
+        # the wait bounds it everywhere.
         started = time.monotonic()
-        if work.wait(self.timeout) is False:
+        if work.wait(wait) is False:
             raise CollectiveBenchmarkTimeout(
                 "a benchmark collective did not complete within "
                 f"{time.monotonic() - started:.1f}s"
             )
-        # A device backend's wait() only orders the current stream after the
-        # collective; reading the result would block the host without bound.
-        wait_device(result.device, started + self.timeout.total_seconds())
+
+
+def _absent_hint(what: str) -> str:
+    # What members that did not come may be doing, without claiming a cause
+    # that a rendezvous cannot know.
+    if what == JOIN:
+        return (
+            ": they may be dead, stalled, compiling other code, or running "
+            "compiled code; if this rank recompiled alone (a guard failed on it "
+            "only), call torch.compiler.set_enable_guard_collectives(True) on "
+            "every rank so that all ranks recompile together"
+        )
+    return ": they may be dead, wedged, or stalled past the bound"
 
 
 def _count_bytes(nbytes: int) -> None:

@@ -1,10 +1,9 @@
 """What a collective benchmarking decision is made of: statuses, results, decisions.
 
-The values every member builds from what the members agreed on, their JSON
-form (decisions travel through the store and the decision cache), and the
-rule by which a failure agreement blames one step.  The rules that choose a
-winner are in ``rules.py``.  Nothing here touches a process group or the
-store.
+The values every member builds from what the members agreed on, and their
+JSON form (decisions travel between members and to the decision cache).
+The rules that choose a winner are in ``rules.py``.  Nothing here touches a
+process group.
 """
 
 from __future__ import annotations
@@ -14,12 +13,6 @@ import enum
 import json
 import math
 import statistics
-from typing import Any, NamedTuple, TYPE_CHECKING
-
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
 
 __all__ = [
     "CandidateResult",
@@ -29,8 +22,6 @@ __all__ = [
     "RankReport",
     "decision_from_json",
     "decision_to_json",
-    "earliest_failure",
-    "FailureReport",
 ]
 
 
@@ -114,8 +105,8 @@ class DecisionRule(enum.Enum):
     SIGNIFICANT = "faster and significant"  # beat the default beyond noise
     DO_NO_HARM = "do-no-harm"  # the default stays: the others did not beat it
     ALL_FAILED = "every candidate failed"  # nothing qualified: the default runs
-    # The op's own default raised, where the program runs it anyway: the
-    # harness is at fault, not a candidate; nothing is tuned.
+    # The op's own default raised while benchmarked, where the program runs
+    # it anyway: no candidate can be judged against it; nothing is tuned.
     DEFAULT_FAILED = "the default failed: nothing tuned"
     # The default timed out, lost a peer, or was not run: there is no
     # reference to screen or time the others against; nothing is tuned.
@@ -198,45 +189,3 @@ def decision_from_json(text: str) -> CollectiveDecision:
         raw["noise_floor"],
         raw.get("timer", ""),
     )
-
-
-# --- failure agreement ------------------------------------------------------------
-class FailureReport(NamedTuple):
-    """A member's post to a failure agreement: the step it failed at, or
-    reached, its status there, and where (the stage and the error)."""
-
-    step: int  # a round, or a later step of the session (exchange, commit, past it)
-    status: CandidateStatus
-    stage: str
-
-    def to_json(self) -> list[Any]:
-        return [self.step, int(self.status), self.stage]
-
-    @staticmethod
-    def from_json(post: Sequence[Any]) -> FailureReport:
-        step, status, stage = post
-        return FailureReport(step, CandidateStatus(status), stage)
-
-
-def earliest_failure(
-    posts: Sequence[FailureReport],
-) -> tuple[int, tuple[RankReport, ...], str]:
-    """The step every member blames for a failure, from the members' reports.
-
-    The earliest reported step is the one that failed: a member that
-    reported a later step had finished it and saw it succeed (status OK).
-    Pure and order-independent, so every member derives the same result
-    from the same reports.
-    """
-    earliest = min(step for step, _, _ in posts)
-    reports = tuple(
-        RankReport(status if step == earliest else CandidateStatus.OK)
-        for step, status, _ in posts
-    )
-    worst = max(reports, key=lambda report: report.status)
-    stage = next(
-        st
-        for (step, status, st) in posts
-        if step == earliest and status == worst.status
-    )
-    return earliest, reports, stage

@@ -1,12 +1,12 @@
 """How a session's members agree on what failed, and on each candidate's result.
 
 A session is a schedule of steps (:class:`Step`), the same on every
-member.  A member whose step fails posts a :class:`FailureReport` to the
-store, and every member applies the same rule to the same posts
-(:class:`FailureAgreements`), so that they all resume from the same step
-without a collective on the channel that failed.  :func:`classify` says what a step's error was; the
-exchange's layout is :class:`LocalOutcomes`'s.  See ``docs/modules.md``,
-"session.py".
+member.  A member whose step fails drops the channel (so that its peers'
+pending collectives fail too), and every member meets on a new channel,
+gathers every member's :class:`FailureReport` there, and applies the same
+rule to them (:class:`FailureAgreements`), so that they all resume from the
+same step.  :func:`classify` says what a step's error was; the exchange's
+layout is :class:`LocalOutcomes`'s.  See ``docs/modules.md``, "session.py".
 """
 
 from __future__ import annotations
@@ -15,33 +15,31 @@ import collections
 import dataclasses
 import itertools
 import math
-from typing import Any, TYPE_CHECKING
+from collections import Counter
+from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
-from .decisions import (
-    CandidateResult,
-    CandidateStatus,
-    earliest_failure,
-    FailureReport,
-    RankReport,
-)
-from .store import CollectiveBenchmarkError
+from .decisions import CandidateResult, CandidateStatus, RankReport
 from .timing import timed
+from .types import CollectiveBenchmarkError
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .control import ControlStore
+    from .channels import BenchmarkChannel
     from .types import Candidate
 
 
 __all__ = [
     "agreed_results",
     "classify",
+    "earliest_failure",
+    "FailureReport",
+    "first_desynchronized",
     "FailureAgreements",
     "LocalOutcomes",
     "phase_metadata",
@@ -51,13 +49,88 @@ __all__ = [
 ]
 
 
+class FailureReport(NamedTuple):
+    """A member's post to a failure agreement: the step it failed at, its
+    status there, where (the stage and the error), and how many collectives
+    it issued on the channel in each step of the schedule before it
+    (empty where the backend does not count them)."""
+
+    step: int  # a round, or a later step of the session (exchange, commit)
+    status: CandidateStatus
+    stage: str
+    issued: tuple[int, ...] = ()
+
+    def to_json(self) -> list[Any]:
+        return [self.step, int(self.status), self.stage, list(self.issued)]
+
+    @staticmethod
+    def from_json(post: Sequence[Any]) -> FailureReport:
+        step, status, stage, issued = post
+        return FailureReport(step, CandidateStatus(status), stage, tuple(issued))
+
+
+def earliest_failure(
+    posts: Sequence[FailureReport],
+) -> tuple[int, tuple[RankReport, ...], str]:
+    """The step every member blames for a failure, from the members' reports.
+
+    The earliest reported step is the one that failed: a member that
+    reported a later step had finished it and saw it succeed (status OK).
+    Pure and order-independent, so every member derives the same result
+    from the same reports.
+    """
+    earliest = min(post.step for post in posts)
+    reports = tuple(
+        RankReport(post.status if post.step == earliest else CandidateStatus.OK)
+        for post in posts
+    )
+    worst = max(reports, key=lambda report: report.status)
+    stage = next(
+        post.stage
+        for post in posts
+        if post.step == earliest and post.status == worst.status
+    )
+    return earliest, reports, stage
+
+
+def first_desynchronized(
+    posts: Sequence[FailureReport],
+) -> tuple[int, tuple[RankReport, ...]] | None:
+    """The first step in which members issued different numbers of collectives.
+
+    Among the steps that every member completed (those before the earliest
+    reported one), when every member counted them: that step's candidate
+    issues a collective on some ranks that it does not issue on others, and
+    pairs with another step's on its peers, so the failure it causes shows
+    later.  The members whose count is not the most common one report
+    ``DESYNCHRONIZED``.  ``None`` when no completed step differs.  Pure, as
+    :func:`earliest_failure`.
+    """
+    completed = min(post.step for post in posts)
+    if any(len(post.issued) < completed for post in posts):
+        return None
+    for step in range(completed):
+        counts = [post.issued[step] for post in posts]
+        if len(set(counts)) > 1:
+            usual = Counter(counts).most_common(1)[0][0]
+            return step, tuple(
+                RankReport(
+                    CandidateStatus.OK
+                    if count == usual
+                    else CandidateStatus.DESYNCHRONIZED
+                )
+                for count in counts
+            )
+    return None
+
+
 def phase_metadata(
-    control: ControlStore, plans: Sequence[tuple[str, Sequence[Candidate]]]
+    channel: BenchmarkChannel, plans: Sequence[tuple[str, Sequence[Candidate]]]
 ) -> dict[str, Any]:
     # What each phase's compile event names: the group, and how many
     # candidates the session benchmarks (the ops' own, without twins).
     return {
-        "group": control.group_name,
+        "group": channel.group.group_name,
         "candidates": sum(len(candidates) for _, candidates in plans),
     }
 
@@ -83,7 +156,7 @@ def classify(error: BaseException) -> CandidateStatus:
 
 
 # How much of an error's first line a failure post carries to the other
-# members (the store holds it until the session ends).
+# members.
 _ERROR_CHARS = 160
 
 
@@ -166,10 +239,10 @@ class LocalOutcomes:
 class FailureAgreements:
     """A session's failure agreements, and what they decided so far.
 
-    Every member posts the step it failed at, and every member applies the
-    same rule to the same posts (``earliest_failure``), so that this state
-    stays the same on every member without a collective: it is what the
-    session resumes from, and it cannot travel on the channel that failed.
+    Every member gathers every member's report of the step it failed at,
+    and applies the same rules to them (``first_desynchronized``, then
+    ``earliest_failure``), so that this state stays the same on every member:
+    it is what the session resumes from.
     """
 
     def __init__(
@@ -177,11 +250,11 @@ class FailureAgreements:
         plans: Sequence[tuple[str, Sequence[Candidate]]],
         excluded: dict[tuple[int, int], CandidateResult],
         retries: int,
-        control: ControlStore,
+        channel: BenchmarkChannel,
     ) -> None:
         self.plans = plans
         self.retries = retries
-        self.control = control
+        self.channel = channel
         self.competing = [
             [(op, index) not in excluded for index in range(len(candidates))]
             for op, (_, candidates) in enumerate(plans)
@@ -189,66 +262,86 @@ class FailureAgreements:
         self.failed = dict(excluded)
         self.attempts: dict[tuple[int, int], int] = collections.defaultdict(lambda: 1)
         self.exchange_attempts = 1
-        self.epoch = 0
 
     def agree(self, schedule: list[Step], failure: FailureReport) -> Resume | None:
         """Agree with every member on the step that failed; where the session resumes.
 
-        ``failure`` is this member's report; a member that
-        committed posts nothing and counts as past every step.  Returns None
-        when every member exchanged (the commit failed somewhere: the session
-        is over).  Raises :class:`CollectiveBenchmarkError` when the exchange
-        failed more than ``retries + 1`` times.
+        ``failure`` is this member's report.  The members meet on a new
+        channel within ``max_wait``.  Returns None when every member
+        exchanged (the commit failed: the session is over).  Raises
+        :class:`CollectiveBenchmarkError` when the exchange failed more than
+        ``retries + 1`` times, and, naming them, when some members do not
+        come within ``max_wait``.
         """
         exchange, commit = len(schedule), len(schedule) + 1
-        self.epoch += 1
-        counters["collective_autotuning"]["failure_agreements"] += 1
-        with timed(
-            "failure_agreement", "sync", **phase_metadata(self.control, self.plans)
-        ):
-            posts = self.control.gather(
-                f"failure{self.epoch}",
-                failure.to_json(),
-                "failure agreement",
-                also="committed",
+        reports = self._gather_reports(failure)
+        desynchronized = first_desynchronized(reports)
+        if desynchronized is not None:
+            step, ranks = desynchronized
+            blamed = schedule[step]
+            where = "timed runs" if blamed.timed else "warmup"
+            self._disqualify(
+                blamed,
+                ranks,
+                f"{where}: it issued more collectives on some ranks than on others",
             )
-        past_commit = FailureReport(commit + 1, CandidateStatus.OK, "committed")
-        failed_step, reports, stage = earliest_failure(
-            [
-                past_commit if post is None else FailureReport.from_json(post)
-                for post in posts
-            ]
-        )
+            return Resume(
+                op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate
+            )
+        failed_step, ranks, stage = earliest_failure(reports)
         if failed_step >= commit:
             return None
         if failed_step == exchange:
             if self.exchange_attempts > self.retries + 1:
                 raise CollectiveBenchmarkError(
                     "collective autotuning: the exchange of group "
-                    f"{self.control.group_name!r} failed {self.exchange_attempts} "
-                    f"times ({stage}); its channel cannot carry a collective"
+                    f"{self.channel.group.group_name!r} failed "
+                    f"{self.exchange_attempts} times ({stage}); its channel "
+                    "cannot carry a collective"
                 )
             self.exchange_attempts += 1
             return Resume(op=len(self.plans), warmup_from=0)
         blamed = schedule[failed_step]
         key = (blamed.op, blamed.candidate)
-        status = max(report.status for report in reports)
+        status = max(report.status for report in ranks)
         if status.retryable and self.attempts[key] <= self.retries:
             self.attempts[key] += 1
         else:
-            self.failed[key] = CandidateResult(
-                self.plans[blamed.op][1][blamed.candidate].name,
-                reports,
-                self.attempts[key],
-                stage,
-            )
-            self.competing[blamed.op][blamed.candidate] = False
+            self._disqualify(blamed, ranks, stage)
         # A failure in a warmup resumes at that candidate's warmup; one in
         # the timed runs restarts the op's timed runs, which must all see
         # the same stretch of time.
         return Resume(
             op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate
         )
+
+    def _gather_reports(self, failure: FailureReport) -> list[FailureReport]:
+        # Every member's report, gathered on a new channel: the agreement.
+        counters["collective_autotuning"]["failure_agreements"] += 1
+        what = "failure agreement"
+        with timed(
+            "failure_agreement", "sync", **phase_metadata(self.channel, self.plans)
+        ):
+            self.channel.rebuild(what)
+            timeout = self.channel.timeout
+            posts = self.channel.everyone(
+                what,
+                lambda: self.channel.gather_objects(failure.to_json(), timeout),
+                timeout,
+            )
+        return [FailureReport.from_json(post) for post in posts]
+
+    def _disqualify(
+        self, blamed: Step, ranks: tuple[RankReport, ...], stage: str
+    ) -> None:
+        key = (blamed.op, blamed.candidate)
+        self.failed[key] = CandidateResult(
+            self.plans[blamed.op][1][blamed.candidate].name,
+            ranks,
+            self.attempts[key],
+            stage,
+        )
+        self.competing[blamed.op][blamed.candidate] = False
 
 
 def agreed_results(

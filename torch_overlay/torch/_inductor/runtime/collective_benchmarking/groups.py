@@ -1,18 +1,35 @@
 """The process groups that collective autotuning benchmarks over.
 
 What the protocol's layers need to know of a group, and nothing of the
-protocol itself: which group an op names, and what identifies a group on
-every member (:func:`process_group_topology`, which cache keys cover too).
+protocol itself: which group an op names, what identifies a group on every
+member (:func:`process_group_topology`, which cache keys cover too), how
+its members say once what every member knows, and which members came to a
+step that failed (:class:`RollCall`).
 """
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 import torch.distributed as dist
 
-from .store import CollectiveBenchmarkError
+from .types import CollectiveBenchmarkError
 
 
-__all__ = ["process_group_topology", "registered_group", "resolve_group"]
+if TYPE_CHECKING:
+    from datetime import timedelta
+
+
+__all__ = [
+    "RollCall",
+    "process_group_topology",
+    "registered_group",
+    "resolve_group",
+    "warn_from_group_rank0",
+]
+
+log = logging.getLogger(__name__)
 
 
 def resolve_group(group: dist.ProcessGroup | str | None) -> dist.ProcessGroup:
@@ -72,3 +89,56 @@ def process_group_topology(group: dist.ProcessGroup) -> tuple[str, int, str]:
     """
     ranks = dist.get_process_group_ranks(group)
     return (group.group_name, group.size(), _ranks_text(ranks))
+
+
+def warn_from_group_rank0(
+    logger: logging.Logger, group_rank: int, message: str, *args: object
+) -> None:
+    """Log ``message`` as a warning on the group's rank 0, at debug level elsewhere.
+
+    For what every member of a group knows alike (an agreed decision, a
+    candidate disqualified everywhere): one copy in the job's logs, not one
+    per rank.
+    """
+    level = logging.WARNING if group_rank == 0 else logging.DEBUG
+    logger.log(level, message, *args)
+
+
+class RollCall:
+    """The members that checked in under ``prefix`` of the job's store.
+
+    Only after a step that needs every member failed: its members meet in
+    the store, through the group's own connection to it (the channel may be
+    what failed), in four requests each and three keys in all, which stay
+    (a member that is late may check in after the others left).
+    """
+
+    def __init__(self, group: dist.ProcessGroup, prefix: str, wait: timedelta) -> None:
+        self.group, self.prefix, self.wait = group, prefix, wait
+
+    def taken(self) -> bool:
+        """Whether some member already checked in (it gave up on the step)."""
+        try:
+            return self.group.get_group_store().check([self.prefix + "present"])
+        except RuntimeError:
+            return False
+
+    def absent(self) -> list[int] | None:
+        """Check in; the group ranks that do not within ``wait``, None when the
+        store cannot be reached."""
+        store, prefix = self.group.get_group_store(), self.prefix
+        try:
+            # Missing from Store's stubs; every c10d store implements it.
+            store.append(prefix + "present", f"{self.group.rank()},")  # type: ignore[attr-defined]
+            if store.add(prefix + "count", 1) == self.group.size():
+                store.set(prefix + "all", "")
+            try:
+                store.wait([prefix + "all"], self.wait)
+            except RuntimeError:  # timed out (stores raise no common type)
+                pass
+            present = store.get(prefix + "present").decode()
+        except RuntimeError:  # DistNetworkError, and what other stores raise
+            log.debug("collective autotuning: the store is unreachable", exc_info=True)
+            return None
+        here = {int(rank) for rank in present.split(",") if rank}
+        return [rank for rank in range(self.group.size()) if rank not in here]

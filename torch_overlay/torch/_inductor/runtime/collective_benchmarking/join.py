@@ -2,9 +2,10 @@
 
 The one step of a session whose outcome is not a timing: which ops are
 benchmarked, which are adopted from a member's memory, which candidates are
-disqualified before running, and whether the session may go on at all.  The
-functions take the session's member (:class:`~.types.Member`), so a stand-in
-runs the real join.  What it agrees on: ``docs/modules.md``, "join.py".
+disqualified before running, and whether the session may go on at all.  It
+is one gather of fixed-size digests on the benchmark channel, which waits
+for a late member up to ``max_wait``; more only when the digests differ.
+What it agrees on: ``docs/modules.md``, "join.py".
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any, TYPE_CHECKING
 from torch._dynamo.utils import counters
 
 from . import decision_cache
+from .channels import JOIN
+from .groups import warn_from_group_rank0
 from .decisions import (
     CandidateResult,
     CandidateStatus,
@@ -26,15 +29,14 @@ from .decisions import (
     decision_to_json,
     RankReport,
 )
-from .store import CollectiveBenchmarkError
 from .timing import timed
-from .types import digest
+from .types import CollectiveBenchmarkError, digest
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from .control import ControlStore
+    from .channels import BenchmarkChannel
     from .types import Candidate, Member, OpToTune
 
 
@@ -49,15 +51,23 @@ log = logging.getLogger(__name__)
 _COMPILE_COUNTER = re.compile(r"_\d+$")
 
 
+def _digest_int(text: str) -> int:
+    # A digest that travels in an int64 tensor: 60 bits of it.
+    return int(digest(text)[:15], 16)
+
+
 @dataclasses.dataclass
 class Joined:
     """What the members agreed on at the join."""
 
-    to_run: list[int]  # the ops that nobody remembers: benchmarked
-    adopted: dict[int, CollectiveDecision]  # every other op's remembered decision
+    to_run: list[int]  # the ops that are benchmarked
     # (op position among to_run, candidate index in preference order) ->
     # result of a candidate disqualified at the join
-    excluded: dict[tuple[int, int], CandidateResult]
+    excluded: dict[tuple[int, int], CandidateResult] = dataclasses.field(
+        default_factory=dict
+    )
+    # Every other op's remembered decision, adopted.
+    adopted: dict[int, CollectiveDecision] = dataclasses.field(default_factory=dict)
     # Whether every member's ops have the same memo keys, which hold the
     # candidates' traced code: whether a program that inlines the winners is
     # the same on every member.
@@ -82,48 +92,55 @@ def op_identity(member: Member, op: OpToTune) -> str:
 
 def join(
     member: Member,
-    control: ControlStore,
+    channel: BenchmarkChannel,
     ops: Sequence[OpToTune],
     ordered: Sequence[Sequence[Candidate]],
     remembered: Sequence[CollectiveDecision | None],
 ) -> Joined:
     """The pre-sync of a session over ``ops``: what the members agreed on.
 
-    Every member of the group calls it in the session of ``control``, with
-    its ops, their candidates in preference order (``ordered``) and the
-    decision it remembers per op (or ``None``).  Returns the ops to
-    benchmark, the decisions adopted for the others, and the candidates
-    disqualified at the join, and whether the candidates' traced code is
-    the same on every member (``Joined.same_code``).  Raises
-    :class:`~torch._inductor.runtime.collective_benchmarking.store.CollectiveBenchmarkError`
-    on every member when the members' ops or settings differ.
+    Every member of the group calls it at the start of a session, with its
+    ops and their candidates in preference order (``ordered``); a member
+    that comes late is waited for up to ``max_wait``.  Returns the ops to
+    benchmark and the candidates disqualified at the join.  Raises
+    :class:`~torch._inductor.runtime.collective_benchmarking.types.CollectiveBenchmarkError`
+    on every member when the members' ops or settings differ, and, naming
+    them, when some members do not come within ``max_wait``.
+
+    ``remembered`` holds the decision this member remembers per op (or
+    ``None``): an op that any member remembers is adopted by every member
+    (``Joined.adopted``) instead of benchmarked; ``Joined.same_code`` says
+    whether the candidates' traced code is the same on every member.
     """
     op_digests = [digest(f"{op.key}|{op_identity(member, op)}") for op in ops]
     signatures = [[c.signature for c in candidates] for candidates in ordered]
-    tuned = digest(f"{op_digests}|{member.config}|{signatures}")
-    posted = _offer_remembered(member, control, remembered)
-    code = digest(repr([op.memo_key for op in ops]))
-    control.count(f"code/{code}")
-    control.count(f"digest/{tuned}")
-    with timed(
-        "join",
-        "presync",
-        group=member.group_name,
-        candidates=sum(len(candidates) for candidates in ordered),
-    ):
-        control.barrier("join", "the start of autotuning")
+    row = [_digest_int(f"{op_digests}|{member.config}|{signatures}")]
+    held = [
+        0 if decision is None else _digest_int(decision_cache.decision_digest(decision))
+        for decision in remembered
+    ]
+    row += [_digest_int(repr([op.memo_key for op in ops])), _digest_int(repr(held))]
+    max_wait = member.config.max_wait
+    candidates = sum(len(candidates) for candidates in ordered)
+    with timed("join", "presync", group=member.group_name, candidates=candidates):
+        rows = channel.everyone(
+            JOIN, lambda: channel.gather_ints(row, max_wait), max_wait
+        )
     counters["collective_autotuning"]["presync"] += 1
     excluded: dict[tuple[int, int], CandidateResult] = {}
-    if control.count(f"digest/{tuned}", 0) != member.size:
-        excluded = _reconcile(member, control, ops, ordered, op_digests, signatures)
-    same_code = control.count(f"code/{code}", 0) == member.size
-    joined = Joined([], {}, {}, same_code)
-    for i in range(len(ops)):
-        adopted = _adopt_claimed(member, control, i, remembered[i], i in posted)
-        if adopted is None:
-            joined.to_run.append(i)
-        else:
-            joined.adopted[i] = adopted
+    if len({digests[0] for digests in rows}) > 1:
+        excluded = _reconcile(member, channel, ops, ordered, op_digests, signatures)
+    # Held alike (or by nobody) on every member: each adopts its own.
+    adopted = (
+        {i: decision for i, decision in enumerate(remembered) if decision is not None}
+        if len({digests[2] for digests in rows}) == 1
+        else _adopt(member, channel, remembered, held)
+    )
+    joined = Joined(
+        [i for i in range(len(ops)) if i not in adopted],
+        adopted=adopted,
+        same_code=len({digests[1] for digests in rows}) == 1,
+    )
     for position, i in enumerate(joined.to_run):
         for index in range(len(ordered[i])):
             if (i, index) in excluded:
@@ -131,65 +148,69 @@ def join(
     return joined
 
 
-def _offer_remembered(
+def _adopt(
     member: Member,
-    control: ControlStore,
+    channel: BenchmarkChannel,
     remembered: Sequence[CollectiveDecision | None],
-) -> list[int]:
-    # Claims each op this member remembers a decision for; the lowest rank
-    # holding one posts it for the others.  Returns the ops it posted.
-    posted = []
-    for i, decision in enumerate(remembered):
-        if decision is None:
-            continue
-        held_by = control.claim(f"holder{i}", decision_cache.decision_digest(decision))
-        if held_by.rank == member.rank:
-            control.post(f"adopt{i}/{member.rank}", decision_to_json(decision))
-            posted.append(i)
-    return posted
-
-
-def _adopt_claimed(
-    member: Member,
-    control: ControlStore,
-    i: int,
-    held: CollectiveDecision | None,
-    posted: bool,
-) -> CollectiveDecision | None:
-    # The decision the group adopts for op i, or None when no member holds one.
-    # Read after the join: a lower rank may have claimed after this one.
-    claim = control.read_claim(f"holder{i}")
-    if claim is None:
-        return None
-    holder, memo = claim
-    if posted and holder != member.rank:
-        # A lower rank claimed after this one: its post is not read.
-        control.client.delete(f"{control.prefix}adopt{i}/{member.rank}")
-    control.delete_on_leave(f"adopt{i}/{holder}")
-    if held is not None and memo == decision_cache.decision_digest(held):
-        return held
-    return decision_from_json(control.fetch(f"adopt{i}/{holder}"))
+    held: list[int],
+) -> dict[int, CollectiveDecision]:
+    # The members remember different decisions: per op, the lowest-ranked
+    # member that holds one gives it to the members that hold another or
+    # none.  The members hold the same ops here (the join checked it).
+    timeout = member.config.timeout
+    everyone_held = channel.everyone(
+        JOIN, lambda: channel.gather_ints(held, timeout), timeout
+    )
+    holders = {}
+    for i in range(len(held)):
+        holder = next((rank for rank, row in enumerate(everyone_held) if row[i]), None)
+        if holder is not None:
+            holders[i] = holder
+    needed = [
+        i
+        for i, holder in holders.items()
+        if any(row[i] != everyone_held[holder][i] for row in everyone_held)
+    ]
+    given: list[Any] = [{}] * member.size
+    if needed:
+        mine = {
+            str(i): decision_to_json(decision)
+            for i in needed
+            if holders[i] == member.rank and (decision := remembered[i]) is not None
+        }
+        given = channel.everyone(
+            JOIN, lambda: channel.gather_objects(mine, timeout), timeout
+        )
+    adopted: dict[int, CollectiveDecision] = {}
+    for i, holder in holders.items():
+        own = remembered[i]
+        if own is not None and held[i] == everyone_held[holder][i]:
+            # This member's own decision object: reports tell it from a peer's.
+            adopted[i] = own
+        else:
+            adopted[i] = decision_from_json(given[holder][str(i)])
+    return adopted
 
 
 def _reconcile(
     member: Member,
-    control: ControlStore,
+    channel: BenchmarkChannel,
     ops: Sequence[OpToTune],
     ordered: Sequence[Sequence[Candidate]],
     op_digests: list[str],
     signatures: list[list[str]],
 ) -> dict[tuple[int, int], CandidateResult]:
-    # The members' digests differ: every member posts its details and
-    # reads everyone's.  Different ops or settings are an error on every
-    # member; a candidate whose collectives differ between members is
-    # disqualified everywhere (keyed by op and candidate index in
-    # preference order), and the rest compete.
+    # The members' digests differ: every member gathers everyone's details.
+    # Different ops or settings are an error on every member; a candidate
+    # whose collectives differ between members is disqualified everywhere
+    # (keyed by op and candidate index in preference order), and the rest
+    # compete.
     detail = [op_digests, str(member.config), signatures]
-    posts = control.gather("join-detail", detail, "the start of autotuning")
-    details = [post for post in posts if post is not None]
-    if len(details) != member.size or any(
-        other[:2] != details[member.rank][:2] for other in details
-    ):
+    timeout = member.config.timeout
+    details = channel.everyone(
+        JOIN, lambda: channel.gather_objects(detail, timeout), timeout
+    )
+    if any(other[:2] != details[member.rank][:2] for other in details):
         _raise_different_ops(member, details, ops)
     excluded = {}
     for i, candidates in enumerate(ordered):
@@ -210,7 +231,9 @@ def _reconcile(
                 ),
                 stage="join: its collectives differ between ranks",
             )
-            log.warning(
+            warn_from_group_rank0(
+                log,
+                member.rank,
                 "collective autotuning: %s issues different collectives on "
                 "ranks %s of group %r; disqualified on every rank",
                 candidate.name,

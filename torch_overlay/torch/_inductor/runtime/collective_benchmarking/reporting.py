@@ -30,10 +30,17 @@ from torch._dynamo.utils import counters
 from torch._logging import trace_structured
 
 from .decisions import CandidateResult, CandidateStatus, CollectiveDecision
-from .rules import compare_with_default
+from .groups import warn_from_group_rank0
+from .rules import (
+    compare_with_default,
+    every_candidate_wrong,
+    tuned_nothing,
+    worth_storing,
+)
 
 
 if TYPE_CHECKING:
+    import logging
     from collections.abc import Sequence
 
 
@@ -46,6 +53,8 @@ __all__ = [
     "describe",
     "explain",
     "publish",
+    "say_once",
+    "untuned_warning",
 ]
 
 # The name tlparse lists the artifact under (``<name>_<n>.json`` in a compile's folder).
@@ -61,6 +70,77 @@ class DecisionSource(enum.Enum):
     CACHE_HIT = "cache hit"  # a cached program's, confirmed at its replay
     REPLAYED = "agreed at a cached program's replay"  # this rank compiles anew
     UNTIMED = "taken without a session"  # deterministic mode: nothing timed
+
+
+def untuned_warning(
+    op: str,
+    decision: CollectiveDecision,
+    notes: Sequence[str],
+    has_default: bool,
+    benchmarked: bool,
+) -> str | None:
+    """What a decision that no user wants says, in the words of the trace; else None.
+
+    Such a decision tuned nothing (its default had no result, or nothing
+    qualified), or kept the op's own code because every implementation
+    computed something else.  A decision taken from memory was said when
+    it was benchmarked, but one that tuned nothing for want of a default
+    is never stored, and is said again by each process.
+    """
+    where = f"collective autotuning of {op} over group {decision.group_name!r}"
+    if tuned_nothing(decision) and (benchmarked or not worth_storing(decision)):
+        each = "; ".join(
+            f"{result.name}: {note}"
+            for result, note in zip(decision.results, notes, strict=True)
+        )
+        return f"{where} tuned nothing: {decision.reason}. Each candidate: {each}"
+    if benchmarked and every_candidate_wrong(decision, has_default):
+        wrong = "; ".join(
+            f"{result.name} on ranks {_ranks_with(result, CandidateStatus.WRONG_RESULT)}"
+            for result in decision.results[1:]
+        )
+        return (
+            f"{where}: every registered implementation was disqualified for a "
+            f"wrong result (by group rank: {wrong}). Their first output differs "
+            "from the op's own code, which is the reference they are screened "
+            "against, so the program runs the op's own code; register them with "
+            "include_fallback=False if they are not meant to compute what it "
+            "computes"
+        )
+    return None
+
+
+# What say_once said in this process: (group name, op).
+_said: set[tuple[str, str]] = set()
+
+
+def say_once(
+    logger: logging.Logger,
+    group_rank: int,
+    key: tuple[str, str],
+    message: str,
+    strict: bool,
+) -> None:
+    """Warn ``message`` on the group's rank 0, once per ``key`` and process.
+
+    Nothing under ``strict``, whose error says it every time instead.
+    """
+    if strict or key in _said:
+        return
+    _said.add(key)
+    warn_from_group_rank0(
+        logger,
+        group_rank,
+        "%s. Set torch._inductor.config.collective_benchmark_strict to make this "
+        "an error.",
+        message,
+    )
+
+
+def _ranks_with(result: CandidateResult, status: CandidateStatus) -> list[int]:
+    return [
+        rank for rank, report in enumerate(result.reports) if report.status is status
+    ]
 
 
 def explain(
@@ -274,13 +354,9 @@ def count_decisions(
                 ] += 1
 
 
-def count_session(sources: Sequence[DecisionSource], session_s: float) -> None:
-    """Add one session, its ops benchmarked and recalled, and its seconds to the counters."""
+def count_session(session_s: float) -> None:
+    """Add one session, and its seconds besides compiling, to the counters."""
     counters["inductor"]["collective_autotuning_sessions"] += 1
-    stats = counters["collective_autotuning"]
-    benchmarked = sum(source is DecisionSource.BENCHMARKED for source in sources)
-    stats["ops"] += benchmarked
-    stats["recalled"] += len(sources) - benchmarked
     # The session besides compiling: joins, runs and agreements (float
     # seconds in Dynamo's int-typed counters: see timing.timed).
-    stats["session_s"] += session_s  # type: ignore[assignment]
+    counters["collective_autotuning"]["session_s"] += session_s  # type: ignore[assignment]

@@ -32,6 +32,7 @@ __all__ = [
     "beats_default",
     "compare_with_default",
     "decide",
+    "every_candidate_wrong",
     "first_tensor",
     "interleaved_order",
     "is_default_choice",
@@ -199,8 +200,7 @@ def decide(
     default beyond noise (:func:`beats_default`, with the default's ``twin``
     when it was timed), or the default stays.  A default without a result
     decides nothing (no winner): one that raised (``DEFAULT_FAILED``) is the
-    op's own code, which the program runs untuned anyway, so its failure is
-    the benchmark harness's; one that timed out, lost a peer or was not run
+    op's own code, which the program runs untuned anyway; one that timed out, lost a peer or was not run
     (``NO_REFERENCE``) leaves the others screened against no reference.
     """
     if has_default and results[0].status is not CandidateStatus.OK:
@@ -248,9 +248,9 @@ def _without_default_result(default: CandidateResult) -> Verdict:
         return Verdict(
             None,
             DecisionRule.DEFAULT_FAILED,
-            f"{what}: the op's own code failed where the program runs it, so "
-            "the benchmark, not a candidate, is at fault; nothing is tuned and "
-            "every rank uses the default",
+            f"{what}: the op's own code, which the program runs untuned, "
+            "failed while benchmarked, so no candidate can be judged against "
+            "it; nothing is tuned and every rank uses the default",
         )
     return Verdict(
         None,
@@ -280,6 +280,19 @@ def worth_storing(decision: CollectiveDecision) -> bool:
     stores none, so that the next process tries again.
     """
     return decision.rule not in _DEFAULT_UNMEASURED
+
+
+def every_candidate_wrong(decision: CollectiveDecision, has_default: bool) -> bool:
+    """Whether every candidate but the default was disqualified for a wrong result.
+
+    The op's own code (the default, first in ``decision.results``) is the
+    reference its candidates are screened against; when they all differ
+    from it, the decision is the default's, though nothing was slower.
+    """
+    others = decision.results[1:] if has_default else ()
+    return bool(others) and all(
+        result.status is CandidateStatus.WRONG_RESULT for result in others
+    )
 
 
 def interleaved_order(count: int, seed: str) -> list[int]:

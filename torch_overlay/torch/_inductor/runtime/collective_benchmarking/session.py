@@ -1,14 +1,15 @@
 """The benchmarking part of a session: warmups, interleaved timed runs, exchange, commit.
 
 :class:`SessionRun` runs the same schedule of steps on every member of a
-group; a failing member drops the benchmark channel and every member applies
-the same rule to the failures posted to the store.  The schedule, the commit,
+group; a failing member drops the benchmark channel and every member agrees
+on the failure on a new one (``failures.py``).  The schedule, the commit,
 failures and measurement: ``docs/modules.md``, "session.py".
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from typing import Any, TYPE_CHECKING
@@ -16,21 +17,23 @@ from typing import Any, TYPE_CHECKING
 from torch._dispatch.python import no_python_dispatcher
 from torch._dynamo.utils import counters
 
-from .decisions import CandidateResult, CandidateStatus, FailureReport, RankReport
+from .decisions import CandidateResult, CandidateStatus, RankReport
 from .failures import (
     agreed_results,
     classify,
     FailureAgreements,
+    FailureReport,
     LocalOutcomes,
     phase_metadata,
     Resume,
     Step,
     StepFailed,
 )
+from .groups import warn_from_group_rank0
 from .known_crashes import known_crash
 from .rules import first_tensor, interleaved_order, outputs_match
-from .store import CollectiveBenchmarkError
 from .timing import CallFailed, time_calls, timed, wait_device
+from .types import CollectiveBenchmarkError
 
 
 if TYPE_CHECKING:
@@ -39,7 +42,6 @@ if TYPE_CHECKING:
     import torch
 
     from .channels import BenchmarkChannel
-    from .control import ControlStore
     from .types import Candidate, CollectiveBenchmarkConfig
 
 
@@ -72,7 +74,6 @@ class SessionRun:
         config: CollectiveBenchmarkConfig,
         device: torch.device,
         channel: BenchmarkChannel,
-        control: ControlStore,
         plans: Sequence[tuple[str, Sequence[Candidate]]],
         excluded: dict[tuple[int, int], CandidateResult],
         prepare_errors: dict[tuple[int, int], BaseException],
@@ -81,7 +82,6 @@ class SessionRun:
         self.config = config
         self.device = device
         self.channel = channel
-        self.control = control
         self.excluded = {**excluded, **self._unsafe(plans, excluded)}
         self.prepare_errors = prepare_errors
         twins = twins or [None] * len(plans)
@@ -92,7 +92,8 @@ class SessionRun:
         ]
         self._has_twin = [twin is not None for twin in twins]
         self.twin_results: list[CandidateResult | None] = [None] * len(plans)
-        self._metadata = phase_metadata(control, plans)
+        self._metadata = phase_metadata(channel, plans)
+        self._issued = IssuedCounts(channel)
 
     def _unsafe(
         self,
@@ -111,14 +112,16 @@ class SessionRun:
                     continue
                 unsafe[(op, index)] = CandidateResult(
                     candidate.name,
-                    (RankReport(CandidateStatus.UNSAFE),) * self.control.size,
+                    (RankReport(CandidateStatus.UNSAFE),) * self.channel.group.size(),
                     stage=f"screening: {reason}",
                 )
-                log.warning(
+                warn_from_group_rank0(
+                    log,
+                    self.channel.group.rank(),
                     "collective autotuning: %s is disqualified on every rank of "
                     "group %r: %s",
                     candidate.name,
-                    self.control.group_name,
+                    self.channel.group.group_name,
                     reason,
                 )
         return unsafe
@@ -176,7 +179,7 @@ class SessionRun:
         # the exchange, the next one the commit, and a member that committed
         # counts as past every step.
         agreements = FailureAgreements(
-            self.plans, self.excluded, self.config.retries, self.control
+            self.plans, self.excluded, self.config.retries, self.channel
         )
         local = LocalOutcomes()
         gathered: list[list[float]] | None = None
@@ -185,19 +188,23 @@ class SessionRun:
             schedule = self._schedule(agreements.competing, resume)
             exchange, commit = len(schedule), len(schedule) + 1
             step = 0
+            self._issued.clear()
             try:
                 while step < exchange:
                     step = self._run_op(schedule, step, local)
                 if gathered is None:
                     step = exchange
+                    self._issued.mark(exchange)
                     gathered = self._exchange(local)
                 step = commit
+                self._issued.mark(commit)
                 self._commit()
-                self.control.count("committed")
                 break
             except StepFailed as error:
                 failed_at = step if error.step is None else error.step
-                failure = FailureReport(failed_at, error.status, error.stage)
+                failure = FailureReport(
+                    failed_at, error.status, error.stage, self._issued.before(failed_at)
+                )
                 # No traceback: a failed candidate step is expected here.
                 log.info(
                     "collective autotuning: step %d failed on this rank: %s in %s",
@@ -206,7 +213,8 @@ class SessionRun:
                     error.stage,
                 )
             # Only now, with the exception and its frames gone, is this rank's
-            # last reference to the channel the one dropped here.
+            # last reference to the channel the one dropped here: its peers'
+            # pending collectives on it fail at once.
             self.channel.drop()
             resume = agreements.agree(schedule, failure)
             if resume is not None:
@@ -224,24 +232,9 @@ class SessionRun:
         )
 
     def _schedule(self, competing: list[list[bool]], resume: Resume) -> list[Step]:
-        steps: list[Step] = []
-        for op in range(resume.op, len(self.plans)):
-            active = [index for index, on in enumerate(competing[op]) if on]
-            warmup_from = resume.warmup_from if op == resume.op else 0
-            if warmup_from is not None:
-                twin = len(self.plans[op][1]) - 1 if self._has_twin[op] else None
-                steps += [
-                    Step(op, index, timed=False)
-                    for index in active
-                    if index >= warmup_from and index != twin
-                ]
-            for run in range(self.config.nruns):
-                order = interleaved_order(len(active), f"{self.plans[op][0]}|{run}")
-                steps += [
-                    Step(op, active[position], timed=True, run=run)
-                    for position in order
-                ]
-        return steps
+        return schedule_steps(
+            self.plans, self._has_twin, competing, resume, self.config.nruns
+        )
 
     def _run_op(self, schedule: list[Step], start: int, local: LocalOutcomes) -> int:
         # Runs the steps of one op from schedule[start]; returns where the next
@@ -261,13 +254,19 @@ class SessionRun:
                     classify(error), "channel setup", error, step=start
                 ) from error
             for i in range(start, timed_steps[0] if timed_steps else end):
+                self._issued.mark(i)
                 self._warm_up(i, schedule[i], candidates[schedule[i].candidate], local)
             if timed_steps:
                 calls = [candidates[schedule[i].candidate].fn for i in timed_steps]
                 try:
                     with timed("timed", **self._metadata):
                         times = time_calls(
-                            calls, self.device, self.config.timeout.total_seconds()
+                            calls,
+                            self.device,
+                            self.config.timeout.total_seconds(),
+                            before_each=lambda call: self._issued.mark(
+                                timed_steps[call]
+                            ),
                         )
                 except CallFailed as failure:
                     raise StepFailed(
@@ -341,3 +340,61 @@ class SessionRun:
 
     def _deadline(self) -> float:
         return time.monotonic() + self.config.timeout.total_seconds()
+
+
+def schedule_steps(
+    plans: Sequence[tuple[str, Sequence[Candidate]]],
+    has_twin: Sequence[bool],
+    competing: list[list[bool]],
+    resume: Resume,
+    nruns: int,
+) -> list[Step]:
+    """The steps of a session from ``resume`` on, the same on every member.
+
+    Per op: its competing candidates' warmups (not the twin's), then ``nruns``
+    timed iterations, each in its own shuffled order."""
+    steps: list[Step] = []
+    for op in range(resume.op, len(plans)):
+        active = [index for index, on in enumerate(competing[op]) if on]
+        warmup_from = resume.warmup_from if op == resume.op else 0
+        if warmup_from is not None:
+            twin = len(plans[op][1]) - 1 if has_twin[op] else None
+            steps += [
+                Step(op, index, timed=False)
+                for index in active
+                if index >= warmup_from and index != twin
+            ]
+        for run in range(nruns):
+            order = interleaved_order(len(active), f"{plans[op][0]}|{run}")
+            steps += [
+                Step(op, active[position], timed=True, run=run) for position in order
+            ]
+    return steps
+
+
+class IssuedCounts:
+    """How many collectives this member had issued on the channel at each step's start.
+
+    Failure reports carry them, to blame a step that issued more on some
+    members than on others (``first_desynchronized``).
+    """
+
+    def __init__(self, channel: BenchmarkChannel) -> None:
+        self.channel = channel
+        self._at: dict[int, int] = {}
+
+    def clear(self) -> None:
+        self._at.clear()
+
+    def mark(self, step: int) -> None:
+        issued = self.channel.collectives_issued()
+        if issued is not None:
+            self._at[step] = issued
+
+    def before(self, failed_at: int) -> tuple[int, ...]:
+        """Collectives issued in each step up to ``failed_at``; () when a start was not counted."""
+        try:
+            counted = [self._at[step] for step in range(failed_at + 1)]
+        except KeyError:
+            return ()
+        return tuple(after - before for before, after in itertools.pairwise(counted))

@@ -28,7 +28,7 @@ from typing import Any, TYPE_CHECKING
 import torch
 from torch._dynamo.utils import counters, dynamo_timed
 
-from .store import CollectiveBenchmarkTimeout
+from .types import CollectiveBenchmarkTimeout
 
 
 if TYPE_CHECKING:
@@ -94,16 +94,23 @@ class CallFailed(Exception):
 
 
 def time_calls(
-    calls: Sequence[Callable[[], Any]], device: torch.device, timeout_s: float
+    calls: Sequence[Callable[[], Any]],
+    device: torch.device,
+    timeout_s: float,
+    before_each: Callable[[int], None] | None = None,
 ) -> list[float]:
     """Each call once, in order; each one's time in milliseconds.
 
-    Raises :class:`CallFailed` naming the call that raised; device work still
-    pending ``timeout_s`` after the last call is a timeout of the last call.
+    ``before_each(index)``, when given, runs before each call, outside its
+    time.  Raises :class:`CallFailed` naming the call that raised; device
+    work still pending ``timeout_s`` after the last call is a timeout of the
+    last call.
     """
     if device.type == "cpu":
         times = []
         for index, fn in enumerate(calls):
+            if before_each is not None:
+                before_each(index)
             start = time.perf_counter()
             try:
                 fn()
@@ -119,6 +126,8 @@ def time_calls(
     ]
     stream = _stream(device)
     for index, (fn, (start, end)) in enumerate(zip(calls, events, strict=True)):
+        if before_each is not None:
+            before_each(index)
         start.record(stream)
         try:
             fn()

@@ -25,11 +25,28 @@ if TYPE_CHECKING:
 __all__ = [
     "Candidate",
     "CollectiveBenchmarkConfig",
+    "CollectiveBenchmarkError",
+    "CollectiveBenchmarkTimeout",
     "InvalidBenchmarkSetting",
     "Member",
     "OpToTune",
     "digest",
 ]
+
+
+class CollectiveBenchmarkError(RuntimeError):
+    """Benchmarking cannot reach a decision every rank shares.
+
+    Raised on every member of the group that reaches the step where it
+    happens: when a member does not reach a step that needs every member
+    within its bound (the message names the absent members), when the
+    members are not tuning the same op,
+    and, under the config's ``strict``, when an op tuned nothing.
+    """
+
+
+class CollectiveBenchmarkTimeout(CollectiveBenchmarkError, TimeoutError):
+    """A collective step did not complete within its bound."""
 
 
 def digest(text: str) -> str:
@@ -54,7 +71,7 @@ class CollectiveBenchmarkConfig:
     """How a session benchmarks; every rank of the group must use equal values."""
 
     timeout: timedelta = timedelta(seconds=30)
-    """Bound of every collective step, and how long a member may show no heartbeat."""
+    """Bound of every collective step of a session on the benchmark channel."""
 
     nwarmup: int = 5
     """Untimed runs per candidate (at least one: its output is screened)."""
@@ -72,7 +89,9 @@ class CollectiveBenchmarkConfig:
     """Compare each candidate's first output with the default's."""
 
     max_wait: timedelta = timedelta(minutes=10)
-    """How long a member that is alive (its heartbeat advances) is waited for."""
+    """How long a late member (still compiling, or stalled in a candidate) is
+    waited for where every member must meet: the join, the end of compiling,
+    and a failure agreement."""
 
     confidence: float = 0.95
     """How sure a session must be that a candidate beats the default before replacing it."""
@@ -125,8 +144,8 @@ class Candidate:
     disqualified at the join, without running.  ``in_flight`` is the most
     collectives ``fn`` keeps in flight at once on one group (part of the
     signature; see ``docs/modules.md``, "Memory safety on gloo"), and
-    ``collectives`` the collective ops its graph calls (``namespace::name``;
-    see ``known_crashes.py``).
+    ``collectives`` the collective ops its graph calls (``namespace::name``),
+    which a screen of the backend reads.
     """
 
     name: str
@@ -150,9 +169,10 @@ class OpToTune:
     ``memo_key`` says what makes two ops' measurements interchangeable (what
     the candidates compute, on which input layouts, and what each is timed
     with); it may differ between ranks (a rank-dependent constant in a
-    candidate's code).  Agreed decisions are remembered by it, in the
-    process and in Inductor's cache directory; an op that any member of the
-    group remembers is adopted by every member without benchmarking (see
+    candidate's code).
+    Agreed decisions are remembered by it, in the process and in Inductor's
+    cache directory; an op that any member of the group remembers is
+    adopted by every member without benchmarking (see
     :meth:`CollectiveBenchmarker.run_batch`).  ``None``: never remembered.
     """
 
@@ -164,9 +184,8 @@ class OpToTune:
 class Member(Protocol):
     """What the layers under the orchestrator read of a session's member.
 
-    The orchestrator (``benchmarker.CollectiveBenchmarker``) is one; the join
-    takes any member, so that a stand-in runs the real join without a
-    process group (``scripts/bench_collective_control.py``).
+    The orchestrator (``benchmarker.CollectiveBenchmarker``) is one; the
+    join and the decision cache read nothing else of it.
     """
 
     # Read-only (properties), so that a member may narrow their types.
