@@ -10,8 +10,8 @@ forgotten between compiles; caches on), then runs the last program
 through a wrapper that counts every request reaching it, whoever makes it:
 the protocol, or c10d building the benchmark channel.  The table gives the
 requests per rank of the first compile (which builds the channel), of each
-later one, and of the runs, and the keys under ``collective_autotuning``
-left in the store at the end.
+later one, and of the runs, the keys under ``collective_autotuning`` left
+in the store at the end, and the keys c10d left there building the channel.
 """
 
 from __future__ import annotations
@@ -108,8 +108,18 @@ def worker(args: argparse.Namespace) -> None:
         compiled(x)
     runs = store.requests.total() - before
     dist.barrier()
-    ours = [key for key in server.list_keys() if "collective_autotuning" in key]
-    report = {"per_compile": per_compile, "runs": runs, "keys": len(ours)}
+    keys = server.list_keys()
+    ours = [key for key in keys if "collective_autotuning" in key]
+    # c10d's own rendezvous keys of the channel groups it built (gloo's
+    # address of each rank, "0//<channel>//cpu//0/<rank>"), which stay as
+    # every group's do.
+    channels = [key for key in keys if ":benchmark" in key]
+    report = {
+        "per_compile": per_compile,
+        "runs": runs,
+        "keys": len(ours),
+        "channel_keys": len(channels),
+    }
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(report))
     dist.barrier()
     dist.destroy_process_group()
@@ -141,19 +151,21 @@ def main() -> None:
     )
     print(
         "| ranks | first compile (builds the channel): requests per rank "
-        "| each later compile | the runs | keys left under collective_autotuning |"
+        "| each later compile | the runs | keys left under collective_autotuning "
+        "| keys c10d left building the channel |"
     )
-    print("| --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for nproc, reports in rows.items():
         first = [report["per_compile"][0] for report in reports]
         later = [n for report in reports for n in report["per_compile"][1:]]
         runs = [report["runs"] for report in reports]
         keys = max(report["keys"] for report in reports)
+        channel_keys = max(report["channel_keys"] for report in reports)
         print(
             f"| {nproc} | {statistics.mean(first):.1f} ({min(first)}-{max(first)}) "
             f"| {statistics.mean(later) if later else 0:.1f} "
             f"({min(later, default=0)}-{max(later, default=0)}) "
-            f"| {max(runs)} | {keys} |"
+            f"| {max(runs)} | {keys} | {channel_keys} |"
         )
 
 

@@ -42,6 +42,11 @@ PRIVATE_C10D = re.compile(
     r"\b(?:distributed_c10d|_distributed_c10d|c10d|Backend)\.(_[A-Za-z]\w*)"
 )
 C10D_MODULES = ("torch.distributed.distributed_c10d", "torch._C._distributed_c10d")
+# Private methods of c10d's ProcessGroup and Backend objects, reached through
+# a group or backend the overlay holds (no module name to match).
+PRIVATE_GROUP_METHODS = re.compile(
+    r"\.(_get_backend|_get_sequence_number_for_group|_set_default_timeout)\("
+)
 STORE_CONNECTIONS = re.compile(r"\b(?:TCPStore|PrefixStore)\(|\bstore\w*\.clone\(\)")
 
 
@@ -68,7 +73,7 @@ GUARANTEES = {
     "V2: deferred to the scheduler, timed with the epilogue": (
         "deferral.py", "deferred_tuning.py", "epilogue.py", "inlining.py",
     ),
-    "the implementation library (0028, optional)": ("collective_implementations.py",),
+    "the implementation library (0017, optional)": ("collective_implementations.py",),
 }  # fmt: skip
 
 
@@ -115,7 +120,7 @@ def _relative(path: Path) -> str:
 
 
 def _private_c10d_names(tree: ast.Module, text: str) -> set[str]:
-    names = set(PRIVATE_C10D.findall(text))
+    names = set(PRIVATE_C10D.findall(text)) | set(PRIVATE_GROUP_METHODS.findall(text))
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module in C10D_MODULES:
             names.update(a.name for a in node.names if a.name.startswith("_"))

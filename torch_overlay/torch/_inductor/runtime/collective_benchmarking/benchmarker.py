@@ -144,6 +144,7 @@ class CollectiveBenchmarker:
             return replayed
         with timed(
             "session",
+            "session_total",  # session_s is the session besides compiling
             compile_metric="collective_autotuning_time_us",
             group=self.group_name,
             candidates=sum(len(op.candidates) for op in ops),

@@ -175,9 +175,9 @@ class SessionRun:
 
     def _run(self) -> list[list[CandidateResult]]:
         # The schedule is rebuilt after every failure agreement, from where the
-        # session resumes, the same way on every member; step len(schedule) is
-        # the exchange, the next one the commit, and a member that committed
-        # counts as past every step.
+        # session resumes, alike on every member; step len(schedule) is the
+        # exchange, the next the commit (a member whose commit completed keeps
+        # no record of it: docs/modules.md, "session.py").
         agreements = FailureAgreements(
             self.plans, self.excluded, self.config.retries, self.channel
         )
