@@ -24,7 +24,9 @@ failing; one rank stalling once past the timeout, without and with a retry;
 and a rank killed mid-benchmark (at 2 ranks on V1, 4 on V2).  Each
 asserts on every surviving rank the winner, that every rank ran it, the
 numerical result and a generous wall-time bound that only a hang would break.  A 4-rank class per path runs two tensor-parallel
-groups, one of which starts compiling later than the timeout.
+groups, one of which starts compiling later than the timeout, and a 2 x 2
+device mesh whose tp and dp groups tune one program, with a candidate that
+fails on one rank.
 
 A default that fails tunes nothing: every rank runs the default, and the
 group's rank 0 warns, naming each candidate's error; with
@@ -73,6 +75,7 @@ from torch._inductor.kernel.custom_op import (
     register_custom_op_autotuning,
 )
 from torch._inductor.runtime.cache_dir_utils import cache_dir
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.testing._internal.common_utils import run_tests
 
@@ -941,7 +944,8 @@ class CollectiveAutotuningGroupsTests(AutotuningTestMixin):
     Group {2, 3} starts compiling two timeouts after group {0, 1}: a protocol
     that synchronized over the world (as upstream's did) would time out.
     Each group has its own expected winner, so a group cannot borrow the
-    other's decision.
+    other's decision.  On a 2 x 2 device mesh, a candidate that fails on
+    one rank is out in that rank's two groups only.
     """
 
     WORLD_SIZE = 4
@@ -982,6 +986,51 @@ class CollectiveAutotuningGroupsTests(AutotuningTestMixin):
         members = (0, 1) if index == 0 else (2, 3)
         torch.testing.assert_close(
             result, torch.full((ROWS, COLS), float(sum(r + 1 for r in members) + 1))
+        )
+
+    def test_a_failing_candidate_on_a_2d_mesh_is_out_in_its_groups_only(self):
+        # A 2 x 2 mesh: tp groups {0, 1} and {2, 3}, dp groups {0, 2} and
+        # {1, 3}; one program all-reduces over tp, then over dp, so every
+        # rank takes part in two sessions, each on one group of the mesh.
+        # "direct" is the fastest, then rs_ag, and "direct" raises on rank 3
+        # at every run: it is out in the two groups of rank 3 (rs_ag wins
+        # there, on both of its members), and wins in the two without it.
+        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        tp, dp = mesh["tp"].get_group(), mesh["dp"].get_group()
+        DELAY_MS.update({"default": SLOW_MS, "rs_ag": SLOW_MS / 4})
+        FAULTS["direct"] = Fault("raise", [3])
+        register_custom_op_autotuning(
+            tp_all_reduce_op,
+            configs=[
+                CustomOpConfig(tp_all_reduce_direct),
+                CustomOpConfig(tp_all_reduce_rs_ag),
+            ],
+        )
+        x = torch.full((ROWS, COLS), float(self.rank + 1))
+        with tuning_config(self.DEFER, collective_benchmark_timeout=self.TIMEOUT_S):
+            compiled = torch.compile(
+                lambda x: tp_all_reduce_op(
+                    tp_all_reduce_op(x, tp.group_name), dp.group_name
+                )
+                + 1
+            )
+            compiled(x)
+            FAULTS.clear()
+            RAN.clear()
+            result = compiled(x)
+        ran_everywhere: list = [None] * self.world_size
+        dist.all_gather_object(ran_everywhere, list(RAN))
+
+        def winner(members: tuple[int, ...]) -> str:
+            return "rs_ag" if 3 in members else "direct"
+
+        expected = [
+            [winner((r - r % 2, r - r % 2 + 1)), winner((r % 2, r % 2 + 2))]
+            for r in range(self.world_size)
+        ]
+        self.assertEqual(ran_everywhere, expected)
+        torch.testing.assert_close(
+            result, torch.full((ROWS, COLS), float(1 + 2 + 3 + 4 + 1))
         )
 
 
