@@ -952,6 +952,21 @@ class CollectiveAutotuningGroupsTests(AutotuningTestMixin):
     TIMEOUT_S = 5.0
     WINNERS = {0: "direct", 1: "rs_ag"}  # by group index
 
+    def _register_candidates(self) -> None:
+        register_custom_op_autotuning(
+            tp_all_reduce_op,
+            configs=[
+                CustomOpConfig(tp_all_reduce_direct),
+                CustomOpConfig(tp_all_reduce_rs_ag),
+            ],
+        )
+
+    def _ran_on_every_rank(self) -> list:
+        """What each rank ran since RAN was last cleared, in rank order."""
+        ran_everywhere: list = [None] * self.world_size
+        dist.all_gather_object(ran_everywhere, list(RAN))
+        return ran_everywhere
+
     def test_groups_tune_independently(self):
         groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
         index = self.rank // 2
@@ -961,13 +976,7 @@ class CollectiveAutotuningGroupsTests(AutotuningTestMixin):
         DELAY_MS.update(
             {name: SLOW_MS for name in ("default", "direct", "rs_ag") if name != winner}
         )
-        register_custom_op_autotuning(
-            tp_all_reduce_op,
-            configs=[
-                CustomOpConfig(tp_all_reduce_direct),
-                CustomOpConfig(tp_all_reduce_rs_ag),
-            ],
-        )
+        self._register_candidates()
         x = torch.full((ROWS, COLS), float(self.rank + 1))
         if index == 1:
             time.sleep(2 * self.TIMEOUT_S)
@@ -978,8 +987,7 @@ class CollectiveAutotuningGroupsTests(AutotuningTestMixin):
             compiled(x)
             RAN.clear()
             result = compiled(x)
-        ran_everywhere: list = [None] * self.world_size
-        dist.all_gather_object(ran_everywhere, list(RAN))
+        ran_everywhere = self._ran_on_every_rank()
         self.assertEqual(
             ran_everywhere, [[self.WINNERS[r // 2]] for r in range(self.world_size)]
         )
@@ -999,13 +1007,7 @@ class CollectiveAutotuningGroupsTests(AutotuningTestMixin):
         tp, dp = mesh["tp"].get_group(), mesh["dp"].get_group()
         DELAY_MS.update({"default": SLOW_MS, "rs_ag": SLOW_MS / 4})
         FAULTS["direct"] = Fault("raise", [3])
-        register_custom_op_autotuning(
-            tp_all_reduce_op,
-            configs=[
-                CustomOpConfig(tp_all_reduce_direct),
-                CustomOpConfig(tp_all_reduce_rs_ag),
-            ],
-        )
+        self._register_candidates()
         x = torch.full((ROWS, COLS), float(self.rank + 1))
         with tuning_config(self.DEFER, collective_benchmark_timeout=self.TIMEOUT_S):
             compiled = torch.compile(
@@ -1018,8 +1020,7 @@ class CollectiveAutotuningGroupsTests(AutotuningTestMixin):
             FAULTS.clear()
             RAN.clear()
             result = compiled(x)
-        ran_everywhere: list = [None] * self.world_size
-        dist.all_gather_object(ran_everywhere, list(RAN))
+        ran_everywhere = self._ran_on_every_rank()
 
         def winner(members: tuple[int, ...]) -> str:
             return "rs_ag" if 3 in members else "direct"
