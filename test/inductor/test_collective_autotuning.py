@@ -111,6 +111,10 @@ HANG_BOUND_S = 240.0
 # collective_benchmark_max_wait where a rank dies: how long the others wait
 # for it at the failure agreement before they name it.
 KILLED_MAX_WAIT_S = 4 * FAULT_TIMEOUT_S
+# What a stated bound on naming a lost rank (docs/design.md, "Bounds, and the
+# trade") leaves out: dropping the channel, the roll call's store requests
+# and the wakeups of processes on CI's two busy cores.
+BOUND_SLACK_S = 5.0
 # What warns, on every rank, when a session tunes nothing.
 BENCHMARKER_LOG = "torch._inductor.runtime.collective_benchmarking.benchmarker"
 
@@ -928,14 +932,21 @@ class KilledRankTests(AutotuningTestMixin):
             collective_benchmark_max_wait=KILLED_MAX_WAIT_S,
         ):
             compiled = torch.compile(lambda x: all_reduce_op(x) + 1)
-            start = time.monotonic()
             with self.assertRaisesRegex(
                 Exception, rf"ranks \[{last}\] .*did not reach failure agreement"
             ):
                 compiled(self._input(self.rank, device))
-        # Reported once the bound ran out, not after the group's own (30
-        # minute) timeout; the slack is generous for 2 busy cores.
-        self.assertLess(time.monotonic() - start, HANG_BOUND_S)
+        # Named within the stated bound from the call its peer died in (the
+        # step fails at once or at the timeout, the failure agreement waits
+        # the max wait, the roll call a timeout), not after the group's own
+        # (30 minute) timeout.
+        named_after = time.monotonic() - CALLED_AT[("doomed", NWARMUP + 1)]
+        bound = 2 * FAULT_TIMEOUT_S + KILLED_MAX_WAIT_S
+        self.assertLess(
+            named_after,
+            bound + BOUND_SLACK_S,
+            f"named after {named_after:.1f}s, bound {bound:g}s",
+        )
 
 
 class CollectiveAutotuningGroupsTests(AutotuningTestMixin):

@@ -5,10 +5,14 @@ What this checks:
 * ``AgreedTimings.agreed_choice``: the choice that runs is the decision's
   winner (never re-picked on the medians), after ``min_speedup_threshold``;
   a disqualified default is no fallback for the threshold; when nothing
-  qualified the default runs; a rank-local ``override_best_choice`` cannot
+  qualified the default runs, and without a default it is an error, never a
+  failed choice; a rank-local ``override_best_choice`` cannot
   change the winner.
 * ``collective_group_name``: the process group is read from the candidates'
   graphs, and candidates on different groups are an error.
+* One gate: custom_op's ``_detect_collective_ops`` finds every functional
+  collective (coalesced, ``_out``, broadcast, all_to_all), the autograd
+  variants and traced ``c10d`` ops, and nothing else.
 * ``settings.benchmark_config``: the sessions' settings come from
   ``torch._inductor.config``; a value out of range or of the wrong type is an
   error naming the knob and its environment variable, when it is read.  The
@@ -27,12 +31,14 @@ from datetime import timedelta
 
 import torch
 import torch._inductor.config as inductor_config
+import torch.distributed._functional_collectives  # registers the autograd variants
 from torch._inductor.choices import InductorChoices
 from torch._inductor.collective_autotuning import settings
 from torch._inductor.collective_autotuning.choices import AgreedTimings
 from torch._inductor.collective_autotuning.collective_graphs import (
     collective_group_name,
 )
+from torch._inductor.kernel.custom_op import _detect_collective_ops
 from torch._inductor.runtime.collective_benchmarking import (
     decisions as cd,
     rules as cr,
@@ -107,6 +113,19 @@ class TestAgreedChoice(TestCase):
         choices, timings = self.agreed(None, [math.inf] * 3)
         self.assertIs(timings.agreed_choice(), choices[2])
 
+    def test_nothing_qualified_without_a_default_is_an_error(self):
+        # include_fallback=False: no default to fall back to, and no choice
+        # that failed may run in its place.
+        choices = [FakeChoice("first"), FakeChoice("second")]
+        names = [("0:first", False), ("1:second", False)]
+        results = tuple(result(name, [], RAISED) for name, _ in names)
+        decision = cd.CollectiveDecision(
+            "0", results, None, "every candidate failed", cd.DecisionRule.ALL_FAILED
+        )
+        timings = AgreedTimings(choices, names, decision)
+        with self.assertRaisesRegex(ct.CollectiveBenchmarkError, "nothing can run"):
+            timings.agreed_choice()
+
     def test_a_rank_local_override_is_ignored(self):
         class Slowest(InductorChoices):
             def override_best_choice(self, best_choice, timings):
@@ -151,6 +170,48 @@ class TestGroupFromGraphs(TestCase):
             ct.CollectiveBenchmarkError, r"one process group.*\['tp0', 'tp1'\]"
         ):
             collective_group_name([graph_choice("tp0"), graph_choice("tp1")])
+
+
+def one_call_choice(target, *args):
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output(graph.call_function(target, (x, *args)))
+    return FakeChoice(str(target), gm=torch.fx.GraphModule({}, graph))
+
+
+class TestOneGate(TestCase):
+    """An op enters the protocol when any candidate's graph can issue a collective.
+
+    custom_op's gate reads the graphs with the protocol's own detector: an op
+    whose candidates call only collectives that upstream's list of twelve
+    misses would otherwise be benchmarked on each rank alone.
+    """
+
+    def test_every_kind_of_collective_opens_the_gate(self):
+        functional = torch.ops._c10d_functional
+        autograd = torch.ops._c10d_functional_autograd
+        calls = [
+            (functional.all_reduce.default, "sum", "g"),
+            (functional.all_reduce_coalesced.default, "sum", "g"),
+            (functional.all_gather_into_tensor_coalesced.default, 2, "g"),
+            (functional.all_gather_into_tensor_out.default, 2, "g"),
+            (functional.reduce_scatter_tensor_coalesced.default, "sum", 2, "g"),
+            (functional.broadcast.default, 0, "g"),
+            (functional.all_to_all_single.default, [1, 1], [1, 1], "g"),
+            (autograd.all_gather_into_tensor.default, 2, "g"),
+            (autograd.reduce_scatter_tensor.default, "sum", 2, "g"),
+            (torch.ops.c10d.allreduce_.default,),
+            (torch.ops.c10d.broadcast_.default,),
+        ]
+        for target, *args in calls:
+            with self.subTest(op=str(target)):
+                choices = [FakeChoice("default"), one_call_choice(target, *args)]
+                self.assertTrue(_detect_collective_ops(choices))
+        self.assertFalse(
+            _detect_collective_ops(
+                [FakeChoice("default"), one_call_choice(torch.ops.aten.add.Tensor, 1)]
+            )
+        )
 
 
 class TestSettings(TestCase):

@@ -17,6 +17,8 @@ Inductor's choices in ``test_collective_choices.py``):
   collective known to crash the group's backend) is not compiled, nor run.
 * The list of collectives known to crash names the functional all_gather on
   gloo with CUDA tensors, and nothing else.
+* The state a process keeps across compiles (what it warned once, the
+  decisions a cached program's replay hands to its recompile) is bounded.
 * A session starts no thread, and ``destroy_process_group()`` frees its
   channel; once the channel is built, a store whose host goes away costs the
   session nothing.
@@ -24,8 +26,10 @@ Inductor's choices in ``test_collective_choices.py``):
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -391,6 +395,46 @@ class TestBenchmarkerOnOneRank(OneRankGroupTestCase):
         a = self.candidate("a", torch.ones(1), is_default=True)
         with self.assertRaisesRegex(ValueError, "at most one"):
             cb.CollectiveBenchmarker(None, self.config).run([a, a])
+
+
+class TestBoundedState(TestCase):
+    """Module state that a job tuning ever new ops would grow without end is bounded."""
+
+    def test_warnings_said_once_are_remembered_up_to_a_bound(self):
+        from torch._inductor.runtime.collective_benchmarking import reporting
+
+        logger_name = "test_collective_decisions.bounded"
+        logger = logging.getLogger(logger_name)
+
+        def say(op: str) -> None:
+            reporting.say_once(logger, 0, ("g", op), f"{op} tuned nothing", False)
+
+        with (
+            mock.patch.object(reporting, "_SAID_LIMIT", 2),
+            mock.patch.object(reporting, "_said", collections.OrderedDict()),
+        ):
+            for op in ("a", "b", "c"):
+                with self.assertLogs(logger_name, "WARNING"):
+                    say(op)
+            self.assertEqual(list(reporting._said), [("g", "b"), ("g", "c")])
+            with self.assertNoLogs(logger_name, "WARNING"):
+                say("c")
+            with self.assertLogs(logger_name, "WARNING"):
+                say("a")  # forgotten: said again
+
+    def test_decisions_of_a_replay_wait_for_their_compile_up_to_a_bound(self):
+        from torch._inductor.runtime.collective_benchmarking import decision_cache
+
+        decision = cd.CollectiveDecision(
+            "g", (), None, "nothing", cd.DecisionRule.ALL_FAILED
+        )
+        with (
+            mock.patch.object(decision_cache, "_PRE_AGREED_LIMIT", 2),
+            mock.patch.object(decision_cache, "_pre_agreed", collections.OrderedDict()),
+        ):
+            for key in ("a", "b", "c"):
+                decision_cache.pre_agree("g", key, decision)
+            self.assertEqual(list(decision_cache._pre_agreed), [("g", "b"), ("g", "c")])
 
 
 class TestStoreLifetime(TestCase):

@@ -11,8 +11,12 @@ programs around an all_reduce custom op with autotuned implementations:
   under V2 the deferred node must keep the graph's symbolic sizes;
 * range dispatch (``dispatch_on`` + ``split_points``), two ranges with
   different winners, tuned in one session under V2;
-* ``config_generator``, ``input_gen_fns``, ``include_fallback=False`` and
-  ``min_speedup_threshold``;
+* candidates made only of collectives outside upstream's list of twelve
+  (the coalesced variants), timed so that each rank alone would pick
+  another winner: tuned in lock-step, one winner everywhere;
+* ``config_generator``, ``input_gen_fns``, ``include_fallback=False`` (and
+  every candidate failing with it: an error on every rank, never a failed
+  candidate inlined) and ``min_speedup_threshold``;
 * an op with a scalar between its tensors, ``all_reduce_scaled(x, scale, bias)``;
 * ranks whose size hints differ, which must fail together at the join
   instead of benchmarking collectives of different sizes.
@@ -38,6 +42,8 @@ from test_collective_autotuning import (
     _group_name,
     _wait,
     DELAY_MS,
+    Fault,
+    FAULTS,
     probe,
     RAN,
     SLOW_MS,
@@ -129,6 +135,20 @@ def all_reduce_chunked(x, chunks=1):
     return torch.cat(parts, dim=1)
 
 
+# Collectives outside upstream's list of twelve (``is_collective_op``) only.
+# The probe runs after the collective: its delay on one rank does not hold
+# the others inside the collective, so each rank times a different winner.
+def all_reduce_coalesced(x, chunks=1):
+    (reduced,) = funcol.all_reduce_coalesced([x], "sum", _group_name())
+    return probe_rows(_wait(reduced), "coalesced")
+
+
+def all_reduce_gather_coalesced(x, chunks=1):
+    world = dist.get_world_size()
+    (gathered,) = funcol.all_gather_into_tensor_coalesced([x], world, _group_name())
+    return probe_rows(_wait(gathered).view(world, *x.shape).sum(0), "gather_coalesced")
+
+
 # --- a scalar between tensors: all_reduce(x) * scale + bias --------------------------
 @torch.library.custom_op("collective_programs_test::all_reduce_scaled", mutates_args=())
 def all_reduce_scaled(
@@ -167,6 +187,7 @@ class CollectiveProgramsTestBase(RankProcessesTestCase):
         RAN.clear()
         DELAY_MS.clear()
         DELAY_BY_ROWS.clear()
+        FAULTS.clear()
 
     # --- helpers ---------------------------------------------------------------------
     def _slow_all_but(self, winner: str, names: list[str]) -> None:
@@ -403,6 +424,41 @@ class CollectiveProgramsTestBase(RankProcessesTestCase):
                 lambda rows: (_input(self.rank, rows),),
                 self._plus_one,
             )
+
+    # --- which ops are tuned in lock-step -------------------------------------------
+    def test_collectives_outside_upstreams_list_are_tuned_in_lock_step(self):
+        # Alone, rank 0 would pick "gather_coalesced" and rank 1 "coalesced"
+        # (and their programs would issue mismatched collectives).  The
+        # group's time of a candidate is its slowest rank's: "coalesced" wins.
+        self._register(all_reduce_coalesced, all_reduce_gather_coalesced)
+        DELAY_MS["default"] = 2 * SLOW_MS
+        slowed_here = {0: ("coalesced", SLOW_MS / 2), 1: ("gather_coalesced", SLOW_MS)}
+        if self.rank in slowed_here:
+            name, delay = slowed_here[self.rank]
+            DELAY_MS[name] = delay
+        counters.clear()
+        with tuning_config(self.DEFER):
+            compiled = self._compile_all_reduce_plus_one(10, mark_dynamic=False)
+            self.assertGreater(counters["collective_autotuning"]["ops"], 0)
+            DELAY_MS.clear()
+            self._check_sizes(
+                compiled,
+                {10: "coalesced"},
+                lambda rows: (_input(self.rank, rows),),
+                self._plus_one,
+            )
+
+    def test_include_fallback_false_when_every_candidate_fails(self):
+        # Every candidate fails on rank 0 and there is no default to run in
+        # their place: every rank raises; none runs a candidate that failed.
+        self._register(all_reduce_direct, all_reduce_negated, include_fallback=False)
+        FAULTS.update(
+            {name: Fault("raise", [0], call=1) for name in ("direct", "negated")}
+        )
+        with tuning_config(self.DEFER, collective_benchmark_strict=False):
+            with self.assertRaisesRegex(Exception, "nothing can run"):
+                self._compile_all_reduce_plus_one(10, mark_dynamic=False)
+        self.assertNotIn("default", RAN)
 
     def test_min_speedup_threshold(self):
         # "direct" is faster, but not 1000 times faster: the default stays.

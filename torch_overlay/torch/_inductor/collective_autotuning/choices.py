@@ -254,7 +254,9 @@ class AgreedTimings(dict[Any, float]):
 
         The decision's winner after ``min_speedup_threshold``
         (``rules.apply_speedup_threshold``); the op's default
-        when nothing qualified (the first choice when it has none).
+        when nothing qualified.  Raises :class:`CollectiveBenchmarkError`,
+        on every rank alike, when nothing qualified and there is no default
+        (``include_fallback=False``): a choice that failed never runs.
         ``InductorChoices.override_best_choice`` is called, as after any
         autotuning, but it is rank-local: an answer other than the agreed
         choice is logged and ignored, since ranks running different choices
@@ -272,8 +274,15 @@ class AgreedTimings(dict[Any, float]):
                 decision.reason,
             )
         name = decision.winner if decision.winner is not None else self._default
-        choices = list(self._choice_named.values())
-        agreed = self._choice_named[name] if name is not None else choices[0]
+        if name is None:
+            # Nothing qualified and include_fallback=False left no default:
+            # every rank raises alike rather than run a choice that failed.
+            raise CollectiveBenchmarkError(
+                f"collective autotuning over group {decision.group_name!r}: no "
+                "choice qualified, and without the op's default "
+                f"(include_fallback=False) nothing can run: {decision.reason}"
+            )
+        agreed = self._choice_named[name]
         overridden = V.choices.override_best_choice(agreed, dict(self))
         if overridden is not agreed:
             log.warning(

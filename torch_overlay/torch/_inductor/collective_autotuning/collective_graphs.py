@@ -30,15 +30,19 @@ __all__ = [
 ]
 
 
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d")
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d")
 
 
 def is_collective(node: torch.fx.Node) -> bool:
-    """Whether ``node`` calls a collective or waits for one (c10d, functional or not)."""
+    """Whether ``node`` calls a collective or waits for one (c10d, functional or not).
+
+    The one detector of collective autotuning: custom_op's gate and the
+    protocol both read a choice's graph through it.
+    """
     # Not torch._inductor.utils.is_collective, which reads IR nodes, nor
     # is_collective_op, a fixed list of functional ops without their
-    # coalesced variants, the waits or c10d's own ops: any of these in a
-    # candidate's graph must keep the ranks in lock-step.
+    # coalesced, broadcast and _out variants, the waits or c10d's own ops:
+    # any of these in a candidate's graph must keep the ranks in lock-step.
     return (
         node.op == "call_function"
         and getattr(node.target, "namespace", None) in _COLLECTIVE_NAMESPACES

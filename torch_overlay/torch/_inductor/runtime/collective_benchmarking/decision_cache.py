@@ -8,6 +8,7 @@ Why adopt rather than re-tune: ``docs/modules.md``, "decision_cache.py".
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import hashlib
@@ -65,8 +66,13 @@ class _Remembered(dict[tuple[str, ...], CollectiveDecision]):
 _remembered: _Remembered = clear_on_fresh_cache(_Remembered())
 
 # Decisions a group agreed on in a cached program's replay that this rank must
-# compile anew: (group name, op key) -> decision; taken by the compile's run_batch.
-_pre_agreed: dict[tuple[str, str], CollectiveDecision] = {}
+# compile anew: (group name, op key) -> decision; taken by the compile's
+# run_batch.  A replay whose compile never comes leaves its decisions here:
+# past _PRE_AGREED_LIMIT, the oldest go.
+_pre_agreed: collections.OrderedDict[tuple[str, str], CollectiveDecision] = (
+    collections.OrderedDict()
+)
+_PRE_AGREED_LIMIT = 1024
 
 # Bumped when what a stored decision means changes.
 _STORED_DECISION_FORMAT = 2
@@ -137,6 +143,8 @@ def pre_agree(group_name: str, op_key: str, decision: CollectiveDecision) -> Non
     """Hand ``decision``, agreed by ``group_name`` for ``op_key`` in a replay, to
     the compile that replaces the replayed program (:func:`take_pre_agreed`)."""
     _pre_agreed[(group_name, op_key)] = decision
+    while len(_pre_agreed) > _PRE_AGREED_LIMIT:
+        _pre_agreed.popitem(last=False)
 
 
 def take_pre_agreed(

@@ -21,6 +21,7 @@ choice of a compile, not only the ones it measured.
 
 from __future__ import annotations
 
+import collections
 import enum
 import json
 import math
@@ -110,8 +111,10 @@ def untuned_warning(
     return None
 
 
-# What say_once said in this process: (group name, op).
-_said: set[tuple[str, str]] = set()
+# What say_once said in this process: (group name, op), the latest
+# _SAID_LIMIT of them: a job that tunes ever new ops may hear an old one again.
+_said: collections.OrderedDict[tuple[str, str], None] = collections.OrderedDict()
+_SAID_LIMIT = 1024
 
 
 def say_once(
@@ -127,7 +130,9 @@ def say_once(
     """
     if strict or key in _said:
         return
-    _said.add(key)
+    _said[key] = None
+    while len(_said) > _SAID_LIMIT:
+        _said.popitem(last=False)
     warn_from_group_rank0(
         logger,
         group_rank,
