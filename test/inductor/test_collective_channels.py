@@ -9,7 +9,10 @@ is needed):
   before each call; a raising call is ``CallFailed`` naming its index;
   ``device_of`` is the first tensor's device, else CPU; ``timed`` is a
   ``dynamo_timed`` event (in ``compile_times()``) and counts its seconds; a
-  ``CollectiveBenchmarkTimeout`` is also a ``TimeoutError``.
+  ``CollectiveBenchmarkTimeout`` is also a ``TimeoutError``.  On a device
+  (a stand-in for its event API), each call is waited for by a deadline of
+  its own: a call that overruns is blamed, not the last one, and no later
+  call is enqueued.
 * ``resolve_group``: ``None`` and the group's name give the default group, an
   unknown name is an error naming it, no process group a
   ``CollectiveBenchmarkError``.
@@ -26,7 +29,9 @@ is needed):
 
 from __future__ import annotations
 
+import types
 from datetime import timedelta
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -83,6 +88,47 @@ class TestTiming(TestCase):
         self.assertEqual(ctm.device_of(["x", 2]), CPU)
         ctm.wait_device(CPU, deadline=0.0)  # nothing to wait for on CPU
         self.assertIsInstance(ct.CollectiveBenchmarkTimeout("x"), TimeoutError)
+
+    def test_a_device_call_that_overruns_is_blamed_not_the_last(self):
+        # A stand-in for a device's event API: one in-order stream, whose
+        # events complete unless a call enqueued a kernel that never ends
+        # before them (as a collective whose peer left).
+        stream = types.SimpleNamespace(stuck=False)
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.done = False
+
+            def record(self, on) -> None:
+                self.done = not on.stuck
+
+            def query(self) -> bool:
+                return self.done
+
+            def elapsed_time(self, end) -> float:
+                return 2.0
+
+        module = types.SimpleNamespace(Event=Event, current_stream=lambda _: stream)
+        ran = []
+
+        def call(name, hangs=False):
+            def fn():
+                ran.append(name)
+                stream.stuck = stream.stuck or hangs
+
+            return fn
+
+        device = torch.device("cuda", 0)
+        calls = [call("a"), call("b"), call("hangs", hangs=True), call("d")]
+        with mock.patch.object(torch, "get_device_module", lambda _: module):
+            self.assertEqual(ctm.time_calls(calls[:2], device, 5.0), [2.0, 2.0])
+            with self.assertRaises(ctm.CallFailed) as caught:
+                ctm.time_calls(calls, device, timeout_s=0.2)
+        # The call that overran is blamed, with a timeout, and the calls
+        # after it were never enqueued.
+        self.assertEqual(caught.exception.index, 2)
+        self.assertIsInstance(caught.exception.error, ct.CollectiveBenchmarkTimeout)
+        self.assertEqual(ran, ["a", "b", "a", "b", "hangs"])
 
     def test_timed_is_a_compile_event_and_counts(self):
         counters.clear()

@@ -1,4 +1,4 @@
-"""The benchmarking part of a collective autotuning session, on one rank.
+"""The benchmarking part of a collective autotuning session, on one rank and on two.
 
 What this checks:
 
@@ -11,25 +11,35 @@ What this checks:
   competing candidate once, in the shared interleaved order.
 * Candidates disqualified before the session (at the join, or keeping several
   collectives in flight on gloo) never run, and keep their result.
+* At 2 ranks, over 3 sessions of ``CollectiveBenchmarker``: a candidate whose
+  compile (its ``prepare``) fails on rank 1 only is out on every rank before
+  any warmup, naming the rank and the error, with no failure agreement and no
+  channel rebuilt; the known winner wins, every rank runs it, exactly.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from datetime import timedelta
+from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch._dynamo.utils import counters
 from torch._inductor.runtime.collective_benchmarking import (
     channels,
     decisions as cd,
     rules as cr,
     types as ct,
 )
+from torch._inductor.runtime.collective_benchmarking.benchmarker import (
+    CollectiveBenchmarker,
+)
 from torch._inductor.runtime.collective_benchmarking.session import SessionRun
 from torch.testing._internal.common_utils import TestCase, run_tests
 
-from rank_processes import one_rank_file_store
+from rank_processes import one_rank_file_store, RankProcessesTestCase
 
 Status = cd.CandidateStatus
 c10d = torch.ops._c10d_functional
@@ -72,7 +82,7 @@ class TestSessionRunOnOneRank(TestCase):
         channel.start_session()
         plans = [("op", candidates)]
         cpu, excluded = torch.device("cpu"), excluded or {}
-        run = SessionRun(self.config, cpu, channel, plans, excluded, {}, [twin])
+        run = SessionRun(self.config, cpu, channel, plans, excluded, [twin])
         results = run.run()
         return results[0], run.twin_results[0]
 
@@ -127,6 +137,74 @@ class TestSessionRunOnOneRank(TestCase):
         self.assertEqual(results[1], at_join)
         self.assertEqual(results[2].status, Status.UNSAFE)
         self.assertEqual(set(self.calls), {"default"})
+
+
+class TestCompileFailureOn2Ranks(RankProcessesTestCase):
+    """What a candidate that fails to compile on one rank costs: itself only."""
+
+    def test_a_candidate_that_fails_to_compile_on_one_rank_costs_no_channel(self):
+        group_name = dist.group.WORLD.group_name
+        x = torch.full((4,), float(self.rank + 1))
+        ran: list[str] = []
+
+        def candidate(name, delay_s, is_default=False, fails_on=None):
+            def fn():
+                ran.append(name)
+                time.sleep(delay_s)  # the designed margin between candidates
+                return c10d.wait_tensor(c10d.all_reduce(x, "sum", group_name))
+
+            def prepare():
+                if self.rank == fails_on:
+                    raise RuntimeError(f"{name} did not compile on this rank")
+
+            return ct.Candidate(name, fn, is_default=is_default, prepare=prepare)
+
+        candidates = [
+            candidate("default", 0.05, is_default=True),
+            candidate("broken", 0.0, fails_on=1),  # the fastest, had it compiled
+            candidate("good", 0.005),
+        ]
+        config = ct.CollectiveBenchmarkConfig(
+            timeout=timedelta(seconds=10), nwarmup=1, nruns=5
+        )
+        benchmarker = CollectiveBenchmarker(None, config)
+        with mock.patch.object(
+            channels.BenchmarkChannel,
+            "rebuild",
+            autospec=True,
+            side_effect=channels.BenchmarkChannel.rebuild,
+        ) as rebuilds:
+            decisions = [benchmarker.run(candidates, key="op") for _ in range(3)]
+        ran_in_sessions = list(ran)
+        # The program runs the agreed winner.
+        ran.clear()
+        result = {c.name: c for c in candidates}[decisions[-1].winner].fn()
+        everywhere: list = [None] * self.world_size
+        dist.all_gather_object(everywhere, (ran_in_sessions, list(ran), decisions))
+
+        self.assertEqual([d.winner for d in decisions], ["good"] * 3)
+        for decision in decisions:
+            broken = decision.results[1]
+            self.assertEqual(broken.name, "broken")
+            self.assertEqual(
+                [r.status for r in broken.reports], [Status.OK, Status.RAISED]
+            )
+            self.assertEqual(
+                broken.stage,
+                "prepare: RuntimeError: broken did not compile on this rank",
+            )
+        # Out on every rank before any warmup: it never ran, and the others
+        # ran in lock-step; the same decisions and winner everywhere.
+        self.assertNotIn("broken", ran_in_sessions)
+        self.assertEqual(
+            [e[0] for e in everywhere], [ran_in_sessions] * self.world_size
+        )
+        self.assertEqual([e[1] for e in everywhere], [["good"]] * self.world_size)
+        self.assertEqual(len({repr(e[2]) for e in everywhere}), 1)
+        torch.testing.assert_close(result, torch.full((4,), 3.0), rtol=0, atol=0)
+        # At no channel's cost: no failure agreement, no rebuild.
+        agreements = counters["collective_autotuning"]["failure_agreements"]
+        self.assertEqual((agreements, rebuilds.call_count), (0, 0))
 
 
 if __name__ == "__main__":

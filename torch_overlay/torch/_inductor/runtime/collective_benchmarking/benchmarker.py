@@ -236,14 +236,12 @@ class CollectiveBenchmarker:
         # benchmark.  Returns each such op's results and its default twin's,
         # and the seconds spent compiling.
         plans = [ordered[i] for i in joined.to_run]
-        prepare_errors: dict[tuple[int, int], BaseException] = {}  # filled below
         run = SessionRun(
             self.config,
             self.device,
             self.channel,
             [(ops[i].key, ordered[i]) for i in joined.to_run],
             joined.excluded,
-            prepare_errors,
             [_twin(candidates[0]) for candidates in plans],
         )
         # Compiled only now, and only what the group benchmarks and can run:
@@ -261,18 +259,14 @@ class CollectiveBenchmarker:
         }
         prepared = time.perf_counter()
         with timed("compile", "prepare", **metadata):
-            prepare_errors.update(_prepare(to_prepare, self.group_name))
+            prepare_errors = _prepare(to_prepare, self.group_name)
         compile_s = time.perf_counter() - prepared
         if to_prepare:
             # Members compile for different times: the first warmup's
             # collective, bounded by the timeout, must not wait for them.
-            max_wait = self.config.max_wait
+            # What failed to compile on any member is out before it runs.
             with timed("ready", "presync", **metadata):
-                self.channel.everyone(
-                    "the end of compiling the candidates",
-                    lambda: self.channel.gather_ints([0], max_wait),
-                    max_wait,
-                )
+                run.ready(prepare_errors, self.config.max_wait)
         results = run.run() if plans else []
         return results, run.twin_results, compile_s
 
@@ -357,9 +351,8 @@ def _prepare(
     # Run the given preparations, keyed by their candidate's (op, candidate)
     # position in the session: start every candidate's compilation, then
     # wait for what each left running (kernel builds, which overlap each
-    # other and the next candidates' lowering).  A candidate whose
-    # preparation fails is disqualified in its warmup, on every member.
-    # Returns the positions that failed, with their errors.
+    # other and the next candidates' lowering).  Returns the positions that
+    # failed, with their errors (SessionRun.ready disqualifies them).
     failed: dict[tuple[int, int], BaseException] = {}
 
     def attempt(position: tuple[int, int], name: str, step: Callable[[], Any]) -> Any:

@@ -38,6 +38,7 @@ from .types import CollectiveBenchmarkError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from datetime import timedelta
 
     import torch
 
@@ -58,11 +59,9 @@ class SessionRun:
     to results already agreed at the join (a candidate that is not the same
     on every member never runs); on gloo, a candidate that keeps several
     collectives in flight never runs either (unless the config allows it).
-    ``prepare_errors`` holds, by the time :meth:`run` is called, the
-    positions whose local preparation (compilation) failed on this member,
-    with the error:
-    a run is built before its candidates are compiled, so that no candidate
-    in :attr:`excluded` (which never runs) is compiled.  ``twins`` gives,
+    A run is built before its candidates are compiled, so that no candidate
+    in :attr:`excluded` (which never runs) is compiled; :meth:`ready` then
+    adds those that failed to compile on any member.  ``twins`` gives,
     per op, the *twin* of its default (the same implementation, or None):
     timed in every interleaved iteration like a candidate, never warmed up
     nor chosen, it measures the session's noise (``noise_floor``); its
@@ -76,14 +75,12 @@ class SessionRun:
         channel: BenchmarkChannel,
         plans: Sequence[tuple[str, Sequence[Candidate]]],
         excluded: dict[tuple[int, int], CandidateResult],
-        prepare_errors: dict[tuple[int, int], BaseException],
         twins: Sequence[Candidate | None] | None = None,
     ) -> None:
         self.config = config
         self.device = device
         self.channel = channel
         self.excluded = {**excluded, **self._unsafe(plans, excluded)}
-        self.prepare_errors = prepare_errors
         twins = twins or [None] * len(plans)
         # The twin, when there is one, is an op's last candidate here.
         self.plans = [
@@ -148,6 +145,60 @@ class SessionRun:
                 "to let it compete"
             )
         return None
+
+    def ready(
+        self, prepare_errors: dict[tuple[int, int], BaseException], wait: timedelta
+    ) -> None:
+        """Meet every member at the end of compiling, within ``wait``.
+
+        ``prepare_errors`` holds the (op, candidate) positions whose
+        preparation (compilation) failed on this member, with the error.
+        Every member's outcome per candidate travels in this one gather: a
+        candidate that failed on any member is out on every member before
+        any warmup (``RAISED`` on the members it failed on, its stage
+        "prepare" and the first such member's error), with no failure
+        agreement and no new channel.  Raises
+        :class:`CollectiveBenchmarkError` naming the members that do not
+        come.
+        """
+        positions = [
+            (op, index)
+            for op, (_, candidates) in enumerate(self.plans)
+            for index in range(len(candidates))
+        ]
+        failed = [int(position in prepare_errors) for position in positions]
+        rows = self.channel.everyone(
+            "the end of compiling the candidates",
+            lambda: self.channel.gather_ints(failed, wait),
+            wait,
+        )
+        unprepared = [i for i in range(len(positions)) if any(r[i] for r in rows)]
+        if not unprepared:
+            return
+        # Only when some failed (alike on every member): each member's
+        # errors, worded as a failed step's report words them.
+        stages = [
+            StepFailed(CandidateStatus.RAISED, "prepare", prepare_errors[at]).stage
+            if at in prepare_errors
+            else None
+            for at in (positions[i] for i in unprepared)
+        ]
+        timeout = self.config.timeout
+        posts = self.channel.everyone(
+            "the exchange of compile errors",
+            lambda: self.channel.gather_objects(stages, timeout),
+            timeout,
+        )
+        for column, i in enumerate(unprepared):
+            op, index = positions[i]
+            statuses = [
+                CandidateStatus.RAISED if r[i] else CandidateStatus.OK for r in rows
+            ]
+            self.excluded[(op, index)] = CandidateResult(
+                self.plans[op][1][index].name,
+                tuple(RankReport(status) for status in statuses),
+                stage=next(post[column] for post in posts if post[column]),
+            )
 
     def run(self) -> list[list[CandidateResult]]:
         """Every candidate's agreed result, per op; the same on every member.
@@ -283,9 +334,6 @@ class SessionRun:
     def _warm_up(
         self, index: int, step: Step, candidate: Candidate, local: LocalOutcomes
     ) -> None:
-        error = self.prepare_errors.get((step.op, step.candidate))
-        if error is not None:
-            raise StepFailed(CandidateStatus.RAISED, "prepare", error, step=index)
         counters["collective_autotuning"]["rounds"] += 1
         status = CandidateStatus.OK
         try:

@@ -68,15 +68,18 @@ def _stream(device: torch.device) -> Any:
     return torch.get_device_module(device).current_stream(device)
 
 
-def wait_device(device: torch.device, deadline: float) -> None:
-    """Wait for the work enqueued on ``device`` until ``deadline`` (``time.monotonic()``).
+def wait_device(device: torch.device, deadline: float, event: Any = None) -> None:
+    """Wait for ``event``, or all work enqueued on ``device``, until ``deadline`` (``time.monotonic()``).
 
     Raises :class:`CollectiveBenchmarkTimeout` when it is still pending then.
     """
     if device.type == "cpu":
         return
-    event = torch.get_device_module(device).Event()
-    event.record(_stream(device))
+    if event is None:
+        event = torch.get_device_module(device).Event()
+        event.record(_stream(device))
+    # Event.synchronize() has no deadline, and a collective kernel whose peer
+    # left never completes: query(), which cannot block, is polled instead.
     while not event.query():
         if time.monotonic() > deadline:
             raise CollectiveBenchmarkTimeout(
@@ -102,43 +105,39 @@ def time_calls(
     """Each call once, in order; each one's time in milliseconds.
 
     ``before_each(index)``, when given, runs before each call, outside its
-    time.  Raises :class:`CallFailed` naming the call that raised; device
-    work still pending ``timeout_s`` after the last call is a timeout of the
-    last call.
+    time.  Raises :class:`CallFailed` naming the call that raised, or, on a
+    device, the call whose work is still pending ``timeout_s`` after it was
+    enqueued (the next call is enqueued once it completed).
     """
-    if device.type == "cpu":
-        times = []
-        for index, fn in enumerate(calls):
-            if before_each is not None:
-                before_each(index)
-            start = time.perf_counter()
-            try:
-                fn()
-            except Exception as error:
-                raise CallFailed(index, error) from error
-            times.append((time.perf_counter() - start) * 1e3)
-        return times
-    module = torch.get_device_module(device)
+    module = None if device.type == "cpu" else torch.get_device_module(device)
     wait_device(device, time.monotonic() + timeout_s)
-    events = [
-        (module.Event(enable_timing=True), module.Event(enable_timing=True))
-        for _ in calls
-    ]
-    stream = _stream(device)
-    for index, (fn, (start, end)) in enumerate(zip(calls, events, strict=True)):
+    times = []
+    for index, fn in enumerate(calls):
         if before_each is not None:
             before_each(index)
-        start.record(stream)
         try:
-            fn()
+            if module is None:
+                start = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - start) * 1e3)
+            else:
+                times.append(_device_time(fn, module, device, timeout_s))
         except Exception as error:
             raise CallFailed(index, error) from error
-        end.record(stream)
-    try:
-        wait_device(device, time.monotonic() + timeout_s)
-    except CollectiveBenchmarkTimeout as error:
-        raise CallFailed(len(calls) - 1, error) from error
-    return [start.elapsed_time(end) for start, end in events]
+    return times
+
+
+def _device_time(
+    fn: Callable[[], Any], module: Any, device: torch.device, timeout_s: float
+) -> float:
+    # Waited for as upstream's collective benchmark waits for each run
+    # (end_evt.synchronize()), with its own deadline: an overrun blames it.
+    start, end = (module.Event(enable_timing=True) for _ in range(2))
+    start.record(_stream(device))
+    fn()
+    end.record(_stream(device))
+    wait_device(device, time.monotonic() + timeout_s, end)
+    return start.elapsed_time(end)
 
 
 @contextmanager
