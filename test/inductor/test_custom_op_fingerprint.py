@@ -4,27 +4,40 @@ What this checks (no ranks):
 
 * ``callable_fingerprint`` changes with what a callable would run and only
   with that: a function's code and defaults, the values its closure
-  captured, a helper of its own module that it calls, a ``functools.partial``'s
-  bound arguments, a lambda's body; two equal definitions have equal
+  captured, a helper of its own module that it calls, a constant of its
+  module (not a list it fills as it runs), a ``functools.partial``'s bound
+  arguments, a lambda's body; two equal definitions have equal
   fingerprints, and a fingerprint is the same in a new process.
 * ``registration_fingerprint`` changes with the configs' order, parameters
-  and ``config_patches``, and with the op's own implementation.
+  and ``config_patches``, and with the op's own implementation; it warns
+  about an implementation without a source file (``exec``).
 * The FX graph cache key of a graph that calls a registered op changes when
   its registration changes, and is the same for the same registration made
   again; a graph without such an op has the key it had before registration.
+* Across processes on one cache directory, with Inductor's caches on: a
+  change of a constant of the implementation's module, then of a helper it
+  calls in another module, compiles again, and the program computes with
+  the new code; an unchanged relaunch takes the program from the cache.
 * The same key covers the topology of the process groups the op may run
   collectives on (one process, a fake process group per "rank"): the same
   on every rank of a job; another world size, or a group named by the
   graph or by the registration with other members, is another key; a group
-  nobody names, and the caller's rank, are not part of it.
+  nobody names, and the caller's rank, are not part of it.  An op whose
+  implementations cannot issue collectives has the same key at every world
+  size; the strings kept per registration are those of the registrations
+  in force only.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -32,6 +45,7 @@ from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
+from torch._inductor.kernel import custom_op_fingerprint as fingerprints
 from torch._inductor.kernel.custom_op_fingerprint import (
     callable_fingerprint,
     registration_fingerprint,
@@ -48,6 +62,24 @@ def helper(x):
 
 def uses_helper(x):
     return helper(x) * 2
+
+
+SCALE = 2  # a constant of this module that uses_constant reads
+RECORDED: list[int] = []  # state that uses_constant changes as it runs
+
+
+def uses_constant(x):
+    RECORDED.append(1)
+    return x * SCALE
+
+
+def _all_reduced(x):
+    return torch.ops._c10d_functional.all_reduce(x, "sum", "0")
+
+
+def reduces(x):
+    """An implementation that issues a collective, through a helper."""
+    return _all_reduced(x)
 
 
 def make_scaled(scale):
@@ -159,6 +191,18 @@ class TestCallableFingerprint(TestCase):
             helper = original
         self.assertEqual(fp(uses_helper), before)
 
+    def test_module_constants_not_state(self):
+        global SCALE
+        before = fp(uses_constant)
+        RECORDED.append(1)
+        self.assertEqual(fp(uses_constant), before)
+        SCALE = 3
+        try:
+            self.assertNotEqual(fp(uses_constant), before)
+        finally:
+            SCALE = 2
+        self.assertEqual(fp(uses_constant), before)
+
     def test_stable_across_processes(self):
         script = textwrap.dedent(
             """
@@ -218,6 +262,24 @@ class TestRegistrationFingerprint(TestCase):
             self.fingerprint([a], default_impl=uses_helper),
         )
 
+    def test_code_without_a_source_file(self):
+        # Its code is covered; what only a file would show is not, and the
+        # registration says so.
+        typed_in: dict[str, object] = {}
+        exec("def typed_in(x):\n    return x * 3\n", typed_in)
+        logger = fingerprints.__name__
+        with self.assertLogs(logger, "WARNING") as logs:
+            first = self.fingerprint([CustomOpConfig(typed_in["typed_in"])])
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("no source file for None.typed_in", logs.output[0])
+        exec("def typed_in(x):\n    return x * 4\n", typed_in)
+        with self.assertLogs(logger, "WARNING"):
+            self.assertNotEqual(
+                self.fingerprint([CustomOpConfig(typed_in["typed_in"])]), first
+            )
+        with self.assertNoLogs(logger, "WARNING"):
+            self.fingerprint([CustomOpConfig(uses_helper)])
+
 
 class TestFxGraphCacheKey(TestCase):
     def key(self, gm):
@@ -240,6 +302,88 @@ class TestFxGraphCacheKey(TestCase):
         register_custom_op_autotuning(op, configs=[CustomOpConfig(uses_helper)])
         self.assertNotEqual(self.key(gm), first)
         self.assertEqual(self.key(plain), ())  # graphs without the op are not affected
+
+
+class TestCacheAcrossProcesses(TestCase):
+    """What runs after the implementation's sources change, one process per step."""
+
+    DRIVER = textwrap.dedent(
+        """
+        import json, sys
+        sys.path.insert(0, sys.argv[1])
+        import torch
+        from torch._dynamo.utils import counters
+        from torch._inductor.kernel.custom_op import (
+            CustomOpConfig,
+            register_custom_op_autotuning,
+        )
+        from chunked.impl import impl
+
+        @torch.library.custom_op("fingerprint_procs::op", mutates_args=())
+        def op(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+        @op.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+        # The implementation is the only candidate: it is what runs.
+        register_custom_op_autotuning(
+            op, configs=[CustomOpConfig(impl)], include_fallback=False
+        )
+        out = torch.compile(lambda x: op(x))(torch.ones(4))
+        fx = counters["inductor"]
+        print(json.dumps([out.tolist(), fx["fxgraph_cache_miss"], fx["fxgraph_cache_hit"]]))
+        """
+    )
+
+    def test_constants_and_helpers_of_other_modules(self):
+        with tempfile.TemporaryDirectory() as root:
+            package = Path(root, "chunked")
+            package.mkdir()
+            (package / "__init__.py").write_text("")
+            helpers = package / "helpers.py"
+            helpers.write_text("def combine(x):\n    return x * 8\n")
+            impl = package / "impl.py"
+            impl.write_text(
+                "from chunked.helpers import combine\n\nCHUNKS = 4\n\n\n"
+                "def impl(x):\n    return combine(x) + CHUNKS\n"
+            )
+            driver = Path(root, "driver.py")
+            driver.write_text(self.DRIVER)
+            # Inductor's caches at their defaults (on), one directory.
+            env = dict(os.environ)
+            env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+            env.pop("TORCHINDUCTOR_FX_GRAPH_CACHE", None)
+            env.update(
+                TORCHINDUCTOR_CACHE_DIR=str(Path(root, "cache")),
+                # Each process reads the sources as edited, never a stale .pyc.
+                PYTHONDONTWRITEBYTECODE="1",
+            )
+
+            def run():
+                done = subprocess.run(
+                    [sys.executable, str(driver), root],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
+                self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+                values, misses, hits = json.loads(done.stdout.splitlines()[-1])
+                self.assertEqual(len(set(values)), 1)
+                return (int(values[0]), misses, hits)
+
+            first = run()
+            impl.write_text(impl.read_text().replace("CHUNKS = 4", "CHUNKS = 5"))
+            second = run()
+            helpers.write_text(helpers.read_text().replace("x * 8", "x * 18"))
+            third = run()
+            again = run()
+        # (result, FX graph cache misses, hits) per process.
+        self.assertEqual(
+            [first, second, third, again],
+            [(12, 1, 0), (13, 1, 0), (23, 1, 0), (23, 0, 1)],
+        )
 
 
 class TestProcessGroupsInTheKey(TestCase):
@@ -328,25 +472,57 @@ class TestProcessGroupsInTheKey(TestCase):
         plain = torch.fx.symbolic_trace(lambda x: x + 1)
         self.assertEqual(self.details(plain).custom_op_autotuning_groups, ())
 
+    @staticmethod
+    def whole_key(gm, rank, world_size):
+        """The FX graph cache key of ``gm`` on ``rank`` of a job of ``world_size``."""
+        from torch._inductor.codecache import compiled_fx_graph_hash
+
+        dist.init_process_group(
+            "fake", store=FakeStore(), rank=rank, world_size=world_size
+        )
+        try:
+            key, _ = compiled_fx_graph_hash(gm, [torch.ones(4)], {}, [])
+            return key
+        finally:
+            dist.destroy_process_group()
+
     def test_the_whole_key(self):
         # The topology reaches the key itself: the same job, the same key on
         # every rank; another world size, another key.
-        from torch._inductor.codecache import compiled_fx_graph_hash
-
         def whole_key(rank, world_size):
-            dist.init_process_group(
-                "fake", store=FakeStore(), rank=rank, world_size=world_size
-            )
-            try:
-                key, _ = compiled_fx_graph_hash(
-                    self.graph("0"), [torch.ones(4)], {}, []
-                )
-                return key
-            finally:
-                dist.destroy_process_group()
+            return self.whole_key(self.graph("0"), rank, world_size)
 
         self.assertEqual(whole_key(0, 3), whole_key(2, 3))
         self.assertNotEqual(whole_key(0, 3), whole_key(0, 2))
+
+    def test_only_ops_that_may_issue_collectives(self):
+        # An op whose implementations issue no collective is compiled alike
+        # at every world size: tuned at 2 ranks, its program is taken from
+        # the cache at 3.  One that issues one (through a helper) is not.
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        graph.output(graph.call_function(torch.ops.fingerprint_test.op.default, (x,)))
+        gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+        register_custom_op_autotuning(op, configs=[CustomOpConfig(uses_helper)])
+        self.assertEqual(self.whole_key(gm, 0, 2), self.whole_key(gm, 0, 3))
+        self.assertEqual(self.details(gm).custom_op_autotuning_groups, ())
+        register_custom_op_autotuning(op, configs=[CustomOpConfig(reduces)])
+        self.assertNotEqual(self.whole_key(gm, 0, 2), self.whole_key(gm, 0, 3))
+
+    def test_only_registrations_in_force_are_kept(self):
+        for tp_group in ("1", "2", "3"):
+            register_custom_op_autotuning(
+                grouped_op,
+                configs=[CustomOpConfig(impl_of_group, tp_group=tp_group)],
+            )
+        self.assertLessEqual(
+            set(fingerprints._strings_of_registration),
+            set(fingerprints._registrations.values()),
+        )
+        self.assertIn(
+            fingerprints._registrations[grouped_op._opoverload],
+            fingerprints._strings_of_registration,
+        )
 
 
 if __name__ == "__main__":

@@ -3,8 +3,11 @@
 Caches of compiled programs and of decisions must miss when an op's
 registered implementations change and hit when the same registration is made
 again in a new process.  This module describes a registration by what it
-would run (each implementation's code, defaults, captured values and bound
-arguments, its configs).
+would run: each implementation's code, defaults, captured values and bound
+arguments, what its code names in its module (functions, described the same
+way, modules and values), the source files of all of these (hashed with
+``custom_graph_pass.get_hash_for_files``, as custom passes are), and its
+configs.
 It describes a program by the topology of the groups its candidates can
 reach (:func:`autotuning_process_groups`).
 What the digest sees and what it does not: ``docs/modules.md``,
@@ -16,10 +19,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import logging
+import os
+import re
+import sys
 import types
 from typing import Any, TYPE_CHECKING
 
 import torch
+from torch._inductor.custom_graph_pass import get_hash_for_files
 from torch._inductor.runtime.collective_benchmarking.groups import (
     process_group_topology,
     registered_group,
@@ -38,21 +46,79 @@ __all__ = [
     "registration_fingerprint",
 ]
 
+log = logging.getLogger(__name__)
+
 # The registration of each op, as its digest: what register_custom_op_autotuning recorded last.
 _registrations: dict[torch._ops.OpOverload, str] = {}
 
-# Per registration digest, the strings its description holds (configs'
+# Per registration in _registrations whose implementations may issue
+# collectives, the strings its description holds (names, configs'
 # parameters, captured values, defaults, constants): the process group names
 # among them are groups its implementations may reach by name.
 _strings_of_registration: dict[str, frozenset[str]] = {}
+
+# A string of a registration's description that says it may issue
+# collectives: torch.distributed (a module, function, type or object of it,
+# or the name in torch.distributed.x), the c10d, _c10d_functional(_autograd)
+# op namespaces, or a name like a process group's (group_name, tp_group, pg,
+# device_mesh: a parameter, a variable).
+_MAY_ISSUE_COLLECTIVES = re.compile(
+    r"c10d|^(torch\.|torch\._C\._)?distributed\b|(^|_)(group|pg|mesh)(_name)?$"
+)
 
 # Tensors captured by an implementation are described by their content up to
 # this many elements, by their metadata beyond.
 _TENSOR_CONTENT_LIMIT = 4096
 
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+_TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format)
+# Values that a module may hold as configuration, never as state.
+_CONSTANTS = (*_SCALARS, *_TORCH_VALUES, tuple, frozenset, types.ModuleType)
 
-def _digest(parts: Any) -> str:
-    return hashlib.sha256(repr(parts).encode()).hexdigest()
+# torch's own sources are part of every cache key already (codecache.torch_key).
+_TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")
+
+
+class _Walk:
+    """What describing a callable or a registration has met so far.
+
+    A function, callable object, module, list or dict is described in full
+    where the walk first meets it, and by name after: the description is
+    linear in the code and values reached, cycles end, and, the walk's order
+    being fixed, it is the same in every process.
+    """
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()  # alive while the walk runs
+        self.files: dict[str, None] = {}  # source files outside torch, in order met
+        self.sourceless: list[str] = []  # functions without a readable source file
+
+    def source(self, path: str | None) -> bool:
+        """Record the source file ``path``; False when there is no file to read."""
+        if path is None or not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            return False
+        if not path.startswith(_TORCH_DIR):
+            self.files[path] = None
+        return True
+
+    def first(self, obj: object) -> bool:
+        """Whether ``obj`` is met for the first time (it then counts as met)."""
+        if id(obj) in self.seen:
+            return False
+        self.seen.add(id(obj))
+        return True
+
+    def digest(self, description: Any) -> str:
+        """The digest of ``description`` and of the files met, by content only."""
+        files = get_hash_for_files(tuple(self.files))
+        return hashlib.sha256(repr((description, files)).encode()).hexdigest()
+
+
+def _module_file(module: types.ModuleType | None) -> str | None:
+    try:
+        return inspect.getsourcefile(module)  # type: ignore[arg-type]
+    except TypeError:  # None, or a module built into the interpreter
+        return None
 
 
 def _tensor_bytes(tensor: torch.Tensor) -> bytes:
@@ -60,24 +126,24 @@ def _tensor_bytes(tensor: torch.Tensor) -> bytes:
     return flat.view(torch.uint8).numpy().tobytes()
 
 
-def _value(value: Any, seen: set[int]) -> Any:
+def _value(value: Any, walk: _Walk) -> Any:
     """A description of ``value`` that is equal in every process where the value is."""
-    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+    if isinstance(value, _SCALARS):
         return value
-    if isinstance(
-        value, (torch.dtype, torch.device, torch.layout, torch.memory_format)
-    ):
+    if isinstance(value, _TORCH_VALUES):
         return str(value)
+    if isinstance(value, (list, dict)) and not walk.first(value):
+        return ("met", type(value).__name__)
     if isinstance(value, (list, tuple)):
-        return (type(value).__name__, tuple(_value(item, seen) for item in value))
+        return (type(value).__name__, tuple(_value(item, walk) for item in value))
     if isinstance(value, (set, frozenset)):
-        return ("set", tuple(sorted(repr(_value(item, seen)) for item in value)))
+        return ("set", tuple(sorted(repr(_value(item, walk)) for item in value)))
     if isinstance(value, dict):
         return (
             "dict",
             tuple(
                 sorted(
-                    (repr(_value(k, seen)), _value(v, seen)) for k, v in value.items()
+                    (repr(_value(k, walk)), _value(v, walk)) for k, v in value.items()
                 )
             ),
         )
@@ -89,25 +155,24 @@ def _value(value: Any, seen: set[int]) -> Any:
             and not value.is_sparse
             and not value.is_quantized
         ):
-            return (
-                "tensor",
-                metadata,
-                # Bytes, not .numpy(): numpy has no bfloat16 or float8.
-                hashlib.sha256(_tensor_bytes(value)).hexdigest(),
-            )
+            # Bytes, not .numpy(): numpy has no bfloat16 or float8.
+            return ("tensor", metadata, hashlib.sha256(_tensor_bytes(value)).digest())
         return ("tensor", metadata)
     if isinstance(value, types.ModuleType):
+        walk.source(_module_file(value))
         return ("module", value.__name__)
     if isinstance(value, type):
+        walk.source(_module_file(sys.modules.get(value.__module__)))
         return ("type", f"{value.__module__}.{value.__qualname__}")
     if callable(value):
-        return _callable(value, seen)
+        return _callable(value, walk)
+    walk.source(_module_file(sys.modules.get(type(value).__module__)))
     return ("object", f"{type(value).__module__}.{type(value).__qualname__}")
 
 
-def _code(code: types.CodeType) -> Any:
+def _code(code: types.CodeType, walk: _Walk) -> Any:
     consts = tuple(
-        _code(c) if isinstance(c, types.CodeType) else _value(c, set())
+        _code(c, walk) if isinstance(c, types.CodeType) else _value(c, walk)
         for c in code.co_consts
     )
     return (
@@ -120,79 +185,93 @@ def _code(code: types.CodeType) -> Any:
     )
 
 
-def _same_module_functions(fn: types.FunctionType) -> Iterator[types.FunctionType]:
-    # Functions of fn's own module that fn's code names: the helpers an
-    # implementation is written with.
-    def names(code: types.CodeType) -> Iterator[str]:
-        yield from code.co_names
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                yield from names(const)
+def _code_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_names(const)
 
-    for name in sorted(set(names(fn.__code__))):
-        target = fn.__globals__.get(name)
+
+def _named(namespace: dict[str, Any], names: list[str], walk: _Walk) -> Any:
+    # What the names a function's code uses are in its module: its helpers
+    # (described the same way, their own modules walked in turn), modules,
+    # and constants (one computed from the environment at import time).
+    # Other values (lists, dicts, tensors, objects) are as often state that
+    # changes at run time as configuration: by their type only.
+    # In a module the code names, the same names again (helpers.combine).
+    described = []
+    for name in names:
+        if name not in namespace:
+            continue
+        value = namespace[name]
+        if callable(value) or isinstance(value, _CONSTANTS):
+            described.append((name, _value(value, walk)))
+        else:
+            described.append((name, ("state", _value(type(value), walk))))
         if (
-            isinstance(target, types.FunctionType)
-            and target.__module__ == fn.__module__
+            isinstance(value, types.ModuleType)
+            and value.__name__.partition(".")[0] != "torch"
+            and walk.first(value)
         ):
-            yield target
+            described.append((name, _named(vars(value), names, walk)))
+    return tuple(described)
 
 
-def _callable(fn: Any, seen: set[int]) -> Any:
-    if id(fn) in seen:
-        return ("recursive", getattr(fn, "__qualname__", type(fn).__qualname__))
-    seen = seen | {id(fn)}
+def _function(fn: types.FunctionType, walk: _Walk) -> Any:
+    code = fn.__code__
+    named: Any = ()
+    if not code.co_filename.startswith(_TORCH_DIR):
+        if not walk.source(code.co_filename):
+            walk.sourceless.append(f"{fn.__module__}.{fn.__qualname__}")
+        named = _named(fn.__globals__, sorted(set(_code_names(code))), walk)
+    return (
+        "function",
+        f"{fn.__module__}.{fn.__qualname__}",
+        _code(code, walk),
+        _value(fn.__defaults__, walk),
+        _value(fn.__kwdefaults__, walk),
+        tuple(_value(cell.cell_contents, walk) for cell in fn.__closure__ or ()),
+        named,
+    )
+
+
+def _callable(fn: Any, walk: _Walk) -> Any:
     if isinstance(fn, functools.partial):
-        keywords = tuple(sorted((k, _value(v, seen)) for k, v in fn.keywords.items()))
         return (
             "partial",
-            _callable(fn.func, seen),
-            tuple(_value(a, seen) for a in fn.args),
-            keywords,
+            _callable(fn.func, walk),
+            _value(fn.args, walk),
+            _value(fn.keywords, walk),
         )
     if isinstance(fn, types.MethodType):
-        return ("method", _callable(fn.__func__, seen), _value(fn.__self__, seen))
+        return ("method", _callable(fn.__func__, walk), _value(fn.__self__, walk))
     if isinstance(fn, torch._ops.OpOverload):
         return ("op", fn.name())
     if isinstance(fn, torch._ops.OpOverloadPacket):
         return ("op", fn._qualified_op_name)
-    if isinstance(fn, types.FunctionType):
-        closure = tuple(
-            _value(cell.cell_contents, seen) for cell in fn.__closure__ or ()
-        )
-        helpers = tuple(
-            (helper.__qualname__, _callable(helper, seen))
-            for helper in _same_module_functions(fn)
-            if helper is not fn
-        )
-        return (
-            "function",
-            f"{fn.__module__}.{fn.__qualname__}",
-            _code(fn.__code__),
-            _value(fn.__defaults__, seen),
-            _value(fn.__kwdefaults__, seen),
-            closure,
-            helpers,
-        )
-    if inspect.isbuiltin(fn) or inspect.isroutine(fn):
+    if not isinstance(fn, types.FunctionType) and inspect.isroutine(fn):
         return (
             "builtin",
             getattr(fn, "__module__", None),
             getattr(fn, "__qualname__", repr(type(fn))),
         )
+    if not walk.first(fn):
+        return ("met", getattr(fn, "__qualname__", type(fn).__qualname__))
+    if isinstance(fn, types.FunctionType):
+        return _function(fn, walk)
     # A callable object: its class's __call__ and its attributes.
-    call = type(fn).__call__
     return (
         "object",
-        _value(type(fn), seen),
-        _callable(call, seen),
-        _value(getattr(fn, "__dict__", {}), seen),
+        _value(type(fn), walk),
+        _callable(type(fn).__call__, walk),
+        _value(getattr(fn, "__dict__", None), walk),
     )
 
 
 def callable_fingerprint(fn: Callable[..., Any]) -> str:
     """A digest of what ``fn`` runs (see ``docs/modules.md``); equal across processes."""
-    return _digest(_callable(fn, set()))
+    walk = _Walk()
+    return walk.digest(_callable(fn, walk))
 
 
 def registration_fingerprint(
@@ -203,29 +282,46 @@ def registration_fingerprint(
     default_impl: Callable[..., Any] | None,
     **options: Any,
 ) -> str:
-    """A digest of one ``register_custom_op_autotuning`` call (its arguments as named there)."""
-    seen: set[int] = set()
+    """A digest of one ``register_custom_op_autotuning`` call (its arguments as named there).
+
+    Logs a warning naming the functions it reaches that have no readable
+    source file (defined by ``exec``, in a REPL): what only a file would
+    show is not covered for them.
+    """
+    walk = _Walk()
     described_configs = None
     if configs is not None:
         described_configs = tuple(
             (
                 None
                 if config.decomposition is None
-                else _callable(config.decomposition, seen),
-                _value(config.params, seen),
-                _value(config.config_patches, seen),
+                else _callable(config.decomposition, walk),
+                _value(config.params, walk),
+                _value(config.config_patches, walk),
             )
             for config in configs
         )
     description = (
         op_overload.name(),
         described_configs,
-        None if config_generator is None else _callable(config_generator, seen),
-        None if default_impl is None else _callable(default_impl, seen),
-        tuple(sorted((name, _value(value, seen)) for name, value in options.items())),
+        None if config_generator is None else _callable(config_generator, walk),
+        None if default_impl is None else _callable(default_impl, walk),
+        tuple(sorted((name, _value(value, walk)) for name, value in options.items())),
     )
-    fingerprint = _digest(description)
-    _strings_of_registration[fingerprint] = frozenset(_strings(description))
+    if walk.sourceless:
+        log.warning(
+            "Custom op autotuning of %s: no source file for %s. Inductor's caches "
+            "key on their code and on the values and functions it names, not on "
+            "what they reach otherwise (an object's attributes, state changed at "
+            "run time): define them in a file, or clear the cache after such a "
+            "change. See docs/modules.md, custom_op_fingerprint.py.",
+            op_overload.name(),
+            ", ".join(walk.sourceless),
+        )
+    fingerprint = walk.digest(description)
+    strings = frozenset(_strings(description))
+    if any(_MAY_ISSUE_COLLECTIVES.search(string) for string in strings):
+        _strings_of_registration[fingerprint] = strings
     return fingerprint
 
 
@@ -240,6 +336,9 @@ def _strings(description: Any) -> Iterator[str]:
 def record_registration(op_overload: torch._ops.OpOverload, fingerprint: str) -> None:
     """Remember the registration of ``op_overload`` (the last one counts, as for the lowering)."""
     _registrations[op_overload] = fingerprint
+    # Only the registrations in force are looked up: the state stays bounded.
+    for stale in _strings_of_registration.keys() - set(_registrations.values()):
+        del _strings_of_registration[stale]
 
 
 def registered_autotuning_fingerprint(
@@ -281,17 +380,20 @@ def autotuning_process_groups(
     :func:`process_group_topology` of the default group and of every existing
     group whose name a call of a registered op passes as an argument, or that
     the op's registration names (a config's parameter, a default, a value an
-    implementation captured or a constant of its code), sorted.  Empty when
-    ``gm`` (or a subgraph) calls no op registered for autotuning, or when no
-    default process group exists.
+    implementation captured or a constant of its code), sorted.  Only the
+    ops that may issue collectives count: those whose registration's
+    description names ``torch.distributed``, a c10d op namespace or a
+    process-group-like name (``_MAY_ISSUE_COLLECTIVES``), or whose call
+    passes the name of an existing group.  Empty when no op of ``gm`` (or of
+    a subgraph) counts, or when no default process group exists: a program
+    without them is the same at every world size.
 
     Which group an implementation's collectives run on is only known once it
-    is traced, during lowering, after the cache key was computed; and
-    whether it issues collectives at all is not known before either, so
-    every registered op counts.  Before tracing, the groups it can reach by
-    name are these.  A group that an implementation reaches otherwise (a
-    ``ProcessGroup`` object it captured) is not covered.  The caller's rank
-    is not part of it: one program serves every rank of a job.
+    is traced, during lowering, after the cache key was computed.  Before
+    tracing, the groups it can reach by name are these.  A group that an
+    implementation reaches otherwise (a ``ProcessGroup`` object it captured)
+    is not covered.  The caller's rank is not part of it: one program serves
+    every rank of a job.
     """
     calls = list(_registered_calls(gm))
     if not calls:
@@ -304,12 +406,21 @@ def autotuning_process_groups(
     if default is None:
         return ()
     named: set[str] = set()
+    may_issue_collectives = False
     for op, node in calls:
-        named |= _strings_of_registration.get(_registrations[op], frozenset())
+        passed: set[str] = set()
         torch.fx.node.map_aggregate(
             (node.args, node.kwargs),
-            lambda value: named.add(value) if isinstance(value, str) else None,
+            lambda value: passed.add(value) if isinstance(value, str) else None,
         )
+        strings = _strings_of_registration.get(_registrations[op])
+        if strings is not None or any(
+            registered_group(name) is not None for name in passed
+        ):
+            may_issue_collectives = True
+            named |= passed | (strings or frozenset())
+    if not may_issue_collectives:
+        return ()
     groups: dict[str, dist.ProcessGroup] = {default.group_name: default}
     for name in named:
         group = registered_group(name)
