@@ -39,6 +39,11 @@ this file checks the scheduler-level behaviour
   tail can fuse with (so V2 times them alone, under V1's key), and the
   reverse: the second compile benchmarks nothing (every rank remembers the
   decision), runs no candidate while compiling, and runs the same winner.
+* The inlined winner adds no kernel: with ``include_fallback=False`` and the
+  in-place all_reduce winning, ``ar(x) @ w`` and ``ar(x) + 1`` launch as many
+  generated kernels under V2 as under V1 (the all_reduce_'s copy becomes the
+  op's buffer; no copy of it follows), the winner asserted on every rank and
+  the results exact.
 * A group's benchmark inputs and outputs are freed when its session ends
   (one rank): none is alive while the winners are inlined.
 """
@@ -143,6 +148,12 @@ def register_direct_and_rs_ag(**kwargs) -> None:
         configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)],
         **kwargs,
     )
+
+
+def kernel_launches(code: str) -> int:
+    """How many generated (C++) kernels the ``call`` of a program's module launches."""
+    call = code[code.index("def call") :]
+    return len(re.findall(r"cpp_fused_\w+\(", call[: call.index("return")]))
 
 
 def forget_decisions() -> None:
@@ -335,6 +346,50 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
                 self._ran_everywhere(list(RAN)), [["rs_ag"]] * self.world_size
             )
             torch.testing.assert_close(result, expected, rtol=0, atol=0)
+
+    def test_inlined_winner_adds_no_kernel(self):
+        # The winner's collective leaves its result in a buffer of the op's
+        # layout (the all_reduce_ of a copy of its input): V2 makes that
+        # buffer the op's, as V1 does, and copies nothing.  A copy would be a
+        # kernel of its own before the matmul, and fuse into the add.
+        register_direct_and_rs_ag(include_fallback=False)
+        DELAY_MS.clear()
+        DELAY_MS["rs_ag"] = SLOW_MS  # direct wins
+        w = torch.arange(32, dtype=torch.float32).view(8, 4)
+        programs = {
+            "matmul": lambda x: all_reduce_op(x) @ w,
+            "add": lambda x: all_reduce_op(x) + 1,
+        }
+        x = torch.full((24, 8), float(self.rank + 1))
+        total = torch.full((24, 8), float(sum(r + 1 for r in range(self.world_size))))
+        expected = {"matmul": total @ w, "add": total + 1}
+        kernels = {}
+        for name, program in programs.items():
+            for defer in (False, True):
+                forget_decisions()
+                # No FX graph cache: each compile generates its program here.
+                with self._config(defer, fx_graph_cache=False):
+                    compiled = torch.compile(program)
+                    _, codes = run_and_get_code(compiled, x)
+                    RAN.clear()
+                    result = compiled(x)
+                self.assertEqual(
+                    self._ran_everywhere(list(RAN)), [["direct"]] * self.world_size
+                )
+                torch.testing.assert_close(result, expected[name], rtol=0, atol=0)
+                # The program's own module is compiled last.
+                kernels[name, defer] = kernel_launches(codes[-1])
+        # V1: the copy that the all_reduce_ reduces in place, then the add's
+        # kernel (none for the matmul, an extern kernel).
+        self.assertEqual(
+            kernels,
+            {
+                ("matmul", False): 1,
+                ("matmul", True): 1,
+                ("add", False): 2,
+                ("add", True): 2,
+            },
+        )
 
     def test_identical_nodes_are_tuned_once(self):
         register_direct_and_rs_ag()

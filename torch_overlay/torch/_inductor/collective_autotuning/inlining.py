@@ -19,7 +19,8 @@ apart:
 * :func:`splice` moves those operations to the node's place in program order
   (comm ordering depends on it) and gives their output the node's buffer and
   operation names (its users, the graph's outputs and the wrapper refer to
-  the node by name).
+  the node by name); that output is the winner's own result buffer where it
+  can be, as V1 hands it to the op's users, with no copy.
 
 Every winner of a graph is inlined before any is spliced: operation names
 come from the length of ``V.graph.operations``, which must not shrink while
@@ -94,7 +95,7 @@ def inline_winners(
                     f"the range dispatch of {node.op_name} adds guards; "
                     "it cannot be lowered once its ranges are decided"
                 )
-            out_buffer: ir.OperationBuffer = _materialize(result, layout)
+            out_buffer: ir.OperationBuffer = _materialize(result, layout, registered)
         else:
             (winner,) = winners
             if getattr(winner, "gm", None) is not None:
@@ -105,7 +106,7 @@ def inline_winners(
                 result = inline_subgraph_to_ir_nodes(
                     winner.gm, list(node.original_inputs), node.op_name
                 )
-                out_buffer = _materialize(result, layout)
+                out_buffer = _materialize(result, layout, registered)
                 if winner.config_patches:
                     for op in V.graph.operations[registered:]:
                         op.set_config_patches(winner.config_patches.copy())
@@ -120,9 +121,23 @@ def inline_winners(
     return V.graph.operations[registered:], out_buffer
 
 
-def _materialize(result: ir.TensorBox, layout: ir.Layout) -> ir.ComputedBuffer:
-    # A pointwise copy into the node's layout.  When the winner ends in a
-    # pointwise op (not yet realized), the copy *is* that op, and it fuses
+def _materialize(
+    result: ir.TensorBox, layout: ir.Layout, registered: int
+) -> ir.OperationBuffer:
+    # No copy where the winner's own operations (from ``registered`` on) made
+    # its result buffer, whole, laid out as the node or free to be: a graph
+    # input or an earlier buffer keeps its name, and a view is no buffer.
+    buffer = result.data.data if isinstance(result.data, ir.StorageBox) else None
+    new = V.graph.operations[registered:]
+    if isinstance(buffer, ir.OperationBuffer) and any(op is buffer for op in new):
+        own = buffer.layout
+        if isinstance(own, ir.FlexibleLayout):
+            own = ir.FixedLayout(own.device, own.dtype, own.size, layout.stride)
+        if isinstance(own, ir.FixedLayout) and _key(own) == _key(layout):
+            buffer.layout = own
+            return buffer
+    # Otherwise a pointwise copy into the node's layout.  When the winner ends
+    # in a pointwise op (not yet realized), the copy *is* that op, and it fuses
     # with the epilogue like any pointwise node.
     buffer = ir.ComputedBuffer(
         name=None,
@@ -137,6 +152,11 @@ def _materialize(result: ir.TensorBox, layout: ir.Layout) -> ir.ComputedBuffer:
     buffer.name = V.graph.register_buffer(buffer)
     V.graph.register_operation(buffer)
     return buffer
+
+
+def _key(layout: ir.Layout) -> tuple[Any, ...]:
+    # What Layout.__eq__ compares; sizes and strides may be lists or tuples.
+    return layout.device, layout.dtype, [*layout.size], [*layout.stride], layout.offset
 
 
 def splice(
@@ -154,6 +174,7 @@ def splice(
     graph = V.graph
     for op in new_ops:
         graph.operations.remove(op)
+    _rename(new_ops, out_buffer.get_name(), node.get_name())
     del graph.name_to_buffer[out_buffer.get_name()]
     del graph.name_to_op[out_buffer.get_operation_name()]
     out_buffer.name = node.get_name()
@@ -164,3 +185,28 @@ def splice(
     graph.buffers[graph.buffers.index(node)] = out_buffer
     position = graph.operations.index(node)
     graph.operations[position : position + 1] = new_ops
+
+
+# The graph's records of buffers by name that are read after lowering.
+_RECORDS = ["mutated_buffers", "unaligned_buffers", "no_fuse_buffer_names"]
+_RECORDS += ["never_reuse_buffers", "never_reuse_but_free_buffers"]
+_RECORDS += ["buffer_to_padded_size", "buffer_layout_constraints"]
+
+
+def _rename(new_ops: list[ir.Operation], old: str, new: str) -> None:
+    # Where the winner's buffer is named by string: its operations (an in-place
+    # all_reduce_ and its wait_tensor) and the graph's records, none else.
+    for op in new_ops:
+        lists = [op.alias_names] if isinstance(op, ir.FallbackKernel) else []
+        for buffer in op.get_outputs():
+            if isinstance(buffer, (ir.MutationOutput, ir.OrderingBarrier)):
+                lists.append(buffer.mutation_names)
+        for names in lists:
+            names[:] = [new if name == old else name for name in names]
+    for attribute in _RECORDS:
+        records = getattr(V.graph, attribute)
+        if isinstance(records, dict) and old in records:
+            records[new] = records.pop(old)
+        elif old in records:
+            records.discard(old)
+            records.add(new)
