@@ -34,6 +34,7 @@ import logging
 from typing import Any, TYPE_CHECKING
 
 from torch._inductor import ir
+from torch._inductor.scheduler import _replace_operation_buffer
 from torch._inductor.virtualized import V
 
 
@@ -170,21 +171,17 @@ def splice(
     for ``node``; the node leaves ``V.graph``'s operations and buffers.
     """
     # Program order matters to comm ordering; the names to the node's users,
-    # the graph's outputs and the wrapper.
-    graph = V.graph
-    for op in new_ops:
-        graph.operations.remove(op)
+    # the graph's outputs and the wrapper.  The scheduler's own swap of a
+    # MultiTemplateBuffer for its winner moves the buffer and the names; the
+    # winner's other operations go in before it.
     _rename(new_ops, out_buffer.get_name(), node.get_name())
-    del graph.name_to_buffer[out_buffer.get_name()]
-    del graph.name_to_op[out_buffer.get_operation_name()]
-    out_buffer.name = node.get_name()
-    out_buffer.operation_name = node.get_operation_name()
-    graph.name_to_buffer[out_buffer.name] = out_buffer
-    graph.name_to_op[out_buffer.operation_name] = out_buffer
-    graph.buffers.remove(out_buffer)
-    graph.buffers[graph.buffers.index(node)] = out_buffer
-    position = graph.operations.index(node)
-    graph.operations[position : position + 1] = new_ops
+    operations = V.graph.operations
+    for op in new_ops:
+        if op is not out_buffer:
+            operations.remove(op)
+    _replace_operation_buffer(node, out_buffer)
+    position = operations.index(out_buffer)
+    operations[position : position + 1] = new_ops
 
 
 # The graph's records of buffers by name that are read after lowering.
