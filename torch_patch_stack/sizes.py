@@ -6,7 +6,9 @@ added whole as the module stands after that patch (derived backwards from
 ``torch_overlay/`` as :func:`overlay.states` does), plus the added and
 removed lines of its diff, to upstream files and to overlay modules that
 earlier patches introduced.  Context lines do not count; test files are not
-part of patches.  So the size of a patch is what ``git show --stat`` of its
+part of patches, and the test helpers that overlay modules under
+``torch/testing/`` hold (as upstream keeps them) are test code, which does
+not count either.  So the size of a patch is what ``git show --stat`` of its
 queue commit counts, without building the queue (no wheel is needed).
 
 A patch over the limit (:data:`LIMIT`, 800 lines: issue 32, one upstream PR
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
     from . import series as series_mod
 
 LIMIT = 800
+# Where upstream keeps the helpers of its tests: overlay modules there are
+# test code, not the patch's code.
+TEST_HELPERS = "torch/testing/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,13 +63,18 @@ def measure(patches: list[series_mod.Patch], overlay_dir: Path) -> list[PatchSiz
         hunks = [
             hunk
             for file_diff in unified_diff.parse(patch.diff)
+            if not file_diff.path.startswith(TEST_HELPERS)
             for hunk in file_diff.hunks
         ]
         sizes.append(
             PatchSize(
                 patch.file_name,
                 patch.subject,
-                sum(_lines(after[index][name]) for name in patch.overlay_modules),
+                sum(
+                    _lines(after[index][name])
+                    for name in patch.overlay_modules
+                    if not name.startswith(TEST_HELPERS)
+                ),
                 sum(len(hunk.added) for hunk in hunks),
                 sum(len(hunk.removed) for hunk in hunks),
             )

@@ -7,7 +7,8 @@ patch, not as ``torch_overlay/`` has them after the last one, plus its
 diff's added and removed lines, which is what ``git`` counts in the queue's
 commit of the patch.  Then the limit: a patch over it fails, with no
 exemptions.  The last test runs ``sizes`` on this repository, as ``.ci/run``
-does.
+does.  An overlay module under ``torch/testing/`` is a test helper, test
+code that does not count.
 """
 
 from __future__ import annotations
@@ -85,6 +86,43 @@ def test_a_patch_over_the_limit_fails(two_patches, capsys):
         "patchstack sizes: FAILED",
         "0001-change-line-twenty.patch changes 3 lines, over the limit of 2: "
         "cut it into patches of at most that",
+    ]
+
+
+HELPER_HEADER = """[inductor] A test helper beside the change
+
+Description: Extend the new module, with a helper for its tests
+Overlay: torch/testing/_internal/new_module_utils.py
+Forwarded: no
+Last-Update: 2026-11-29
+"""
+
+
+def test_test_helpers_do_not_count(stack, tmp_path, capsys):
+    repo, _, run = stack
+    queue_dir = tmp_path / "queue"
+    (queue_dir / "torch" / "_new_module.py").write_text("VALUE = 1\nOTHER = 2\n")
+    helper = queue_dir / "torch" / "testing" / "_internal" / "new_module_utils.py"
+    helper.parent.mkdir(parents=True)
+    helper.write_text("HELPED = 1\nAGAIN = 2\n")
+    queue.git(queue_dir, "add", str(helper))
+    queue.git(queue_dir, "commit", "-qam", HELPER_HEADER)
+    # A later patch's diff to the helper does not count either.
+    helper.write_text("HELPED = 1\nAGAIN = 3\n")
+    queue.git(
+        queue_dir,
+        "commit",
+        "-qam",
+        HELPER_HEADER.replace(
+            "A test helper beside the change", "Change the helper only"
+        ).replace("Overlay: torch/testing/_internal/new_module_utils.py\n", ""),
+    )
+    assert run("export", "--dir", str(queue_dir)) == 0
+    capsys.readouterr()
+    assert run("sizes") == 0
+    assert capsys.readouterr().out.splitlines()[2:4] == [
+        "0002   [inductor] A test helper beside the change                  0      1      0       1",
+        "0003   [inductor] Change the helper only                           0      0      0       0",
     ]
 
 
