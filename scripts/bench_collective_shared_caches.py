@@ -33,9 +33,7 @@ from torch.testing._internal.distributed.collective_autotuning_jobs import (
     launch,
     WORKER,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_server import missing, RedisServer
+from torch.testing._internal.distributed.redis_server import missing, RedisServer
 
 
 def run_job(

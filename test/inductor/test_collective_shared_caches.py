@@ -7,7 +7,7 @@ runs as jobs of two torchrun "nodes" on loopback, with a fresh local cache
 directory per node in every job, as on new nodes.  Nodes that use the remote
 caches turn on both of Inductor's (``TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE`` and
 ``TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE``) against Debian's ``redis-server`` on
-a loopback port (``scripts/redis_server.py``); a node that does not stands
+a loopback port (``torch.testing._internal.distributed.redis_server``); a node that does not stands
 for a node without the variable set, a remote ``get`` that failed, or an
 entry written between two ranks' lookups.  At 2 and 3 ranks:
 
@@ -61,9 +61,11 @@ from torch.testing._internal.distributed.collective_autotuning_jobs import (
 from torch.testing._internal.distributed.collective_autotuning_utils import (
     DECISION_CACHES,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from redis_server import FaultyProxy, missing, RedisServer
+from torch.testing._internal.distributed.redis_server import (
+    FaultyProxy,
+    missing,
+    RedisServer,
+)
 
 
 # The launched jobs' Inductor setting (their processes are not this one's):

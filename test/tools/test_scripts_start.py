@@ -15,12 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted(
-    path
-    for path in (Path(__file__).resolve().parents[2] / "scripts").glob("*.py")
-    # Modules of helpers, not programs.
-    if path.name != "redis_server.py"
-)
+SCRIPTS = sorted((Path(__file__).resolve().parents[2] / "scripts").glob("*.py"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
