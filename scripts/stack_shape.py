@@ -70,7 +70,7 @@ GUARANTEES = {
         "join.py", "failures.py",
     ),
     "a candidate costs only itself: benchmark channels, known crashes": (
-        "channels.py", "channel_builder.py", "known_crashes.py",
+        "channels.py", "channel_builder.py", "known_crashes.py", "gloo_hazards.py",
     ),
     "caches: agreed decisions kept, cache hits and keys": (
         "decision_cache.py", "cache_hits.py", "custom_op_fingerprint.py",
