@@ -6,10 +6,13 @@ pass upstream CI on its own.  For stock torch (no patch) and for the series
 up to each patch but the last (the whole stack is what ``scripts/test.sh``
 tests), this script makes the prefix's torch package tree (``patchstack
 prefix``: the installed torch, hard-linked, with the files the series writes
-as the prefix leaves them), imports Inductor and the prefix's overlay modules
-from it, and runs the tests that the prefix's last patch names in its
-``Tests:`` header field (stock torch: ``STOCK_TESTS``, upstream's features
-for ordinary ops).  Prints a line per prefix with its wall time; exits 1 when
+as the prefix leaves them, and the test files it carries under ``test/``),
+imports Inductor and the prefix's overlay modules from it, and runs the
+tests that the prefix's last patch names in its ``Tests:`` header field, in
+the files as that prefix carries them, not as the last patch leaves them
+(stock torch: ``STOCK_TESTS``, upstream's features for ordinary ops, from
+this repository's test/).  The ``Tests:`` field must name every test file
+the patch writes.  Prints a line per prefix with its wall time; exits 1 when
 any prefix fails.
 
 Run after ``./scripts/bootstrap.sh`` (it reads the installed torch of .venv):
@@ -32,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from torch_patch_stack import series
+from torch_patch_stack import series, unified_diff
 
 
 # Upstream's documented features for ordinary custom ops, which must pass on
@@ -47,11 +50,31 @@ IMPORTED = [
 ]
 
 
-def run(command: list[str], env: dict[str, str]) -> tuple[bool, str]:
+def run(command: list[str], env: dict[str, str], cwd: Path = ROOT) -> tuple[bool, str]:
     result = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, check=False
+        command, cwd=cwd, env=env, capture_output=True, text=True, check=False
     )
     return result.returncode == 0, (result.stdout + result.stderr).strip()
+
+
+def _unnamed_tests(patch: series.Patch, tests: list[str], dest: Path) -> str:
+    """Why ``tests`` (the patch's ``Tests:`` field) are not the patch's own, or ''."""
+    named = {arg for arg in tests if arg.startswith("test/")}
+    written = {
+        file_diff.path
+        for file_diff in unified_diff.parse(patch.diff)
+        if series.is_test_file(file_diff.path)
+    } | {name for name in patch.overlay_modules if series.is_test_file(name)}
+    if not written:
+        return "the patch carries no test file"
+    if written - named:
+        return (
+            f"Tests: does not name the test files it writes: {sorted(written - named)}"
+        )
+    missing = sorted(path for path in named if not (dest / path).is_file())
+    if missing:
+        return f"Tests: names test files the prefix does not carry: {missing}"
+    return ""
 
 
 def installed_torch_dir() -> str:
@@ -102,23 +125,33 @@ def check_prefix(
         module.removesuffix(".py").replace("/", ".")
         for patch in patches[:count]
         for module in patch.overlay_modules
+        if not series.is_test_file(module)
     ]
     if count == 0:
-        tests = STOCK_TESTS
+        tests, test_root = STOCK_TESTS, ROOT
     else:
         tests = shlex.split(patches[count - 1].fields.get("Tests", ""))
+        test_root = dest
+        problem = _unnamed_tests(patches[count - 1], tests, dest)
+        if problem:
+            print(f"FAILED {name}: {problem}")
+            return False
+        # This repository's pytest plugin (the quiet-machine lock), never carried.
+        shutil.copy(ROOT / "test" / "conftest.py", dest / "test" / "conftest.py")
     # One interpreter runs the prefix's tests and then imports its modules: a
-    # second one would import torch again, some 7 s per prefix on CI.  The
-    # imports come after the tests, whose conftest.py sets Inductor's config
-    # through the environment before Inductor is imported.
+    # second one would import torch again, some 7 s per prefix on CI.
     imports = "; ".join(f"import {module}" for module in IMPORTED + modules)
     check = (
         f"import sys, torch; assert torch.__file__.startswith({str(dest)!r}); "
         "import pytest; status = pytest.main(sys.argv[1:]) if sys.argv[1:] else 0; "
         f"print('tests exit', int(status), flush=True); {imports}; sys.exit(status)"
     )
-    pytest_args = ["-q", "-p", "no:cacheprovider", *tests] if tests else []
-    ok, output = run([python, "-c", check, *pytest_args], env)
+    pytest_args = (
+        ["-q", "-p", "no:cacheprovider", f"--rootdir={test_root}", *tests]
+        if tests
+        else []
+    )
+    ok, output = run([python, "-c", check, *pytest_args], env, cwd=test_root)
     if not ok:
         failed = (
             "importing Inductor and its modules"

@@ -6,7 +6,11 @@ imported), and prints, for each measure of the issues' targets, today's
 value and where it comes from:
 
 * overlay lines, and those of them that are code (no docstring, comment or
-  blank line); the largest module, class and function;
+  blank line), for the whole stack and for the upstream series alone (the
+  modules as the last ``Forwarded: no`` patch leaves them); helpers for tests
+  (``torch/testing/``) are tests, not counted; the largest module, class and
+  function;
+* the patches that carry their tests (write a file under ``test/``);
 * the store connections the overlay opens (``TCPStore(``, ``PrefixStore(``,
   ``.clone()`` of a store);
 * the lines that later patches remove from modules that earlier patches of
@@ -31,10 +35,15 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import sys
 from pathlib import Path
 
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from torch_patch_stack import overlay, series, unified_diff
+
 OVERLAY = ROOT / "torch_overlay"
 FRAME_READS = re.compile(r"\b(_current_frames|f_locals|f_back)\b")
 # A private name reached through c10d's Python or C++ module.
@@ -61,7 +70,7 @@ GUARANTEES = {
         "join.py", "failures.py",
     ),
     "a candidate costs only itself: benchmark channels, known crashes": (
-        "channels.py", "channel_builder.py", "known_crashes.py",
+        "channels.py", "channel_builder.py", "known_crashes.py", "gloo_hazards.py",
     ),
     "caches: agreed decisions kept, cache hits and keys": (
         "decision_cache.py", "cache_hits.py", "custom_op_fingerprint.py",
@@ -73,7 +82,7 @@ GUARANTEES = {
     "V2: deferred to the scheduler, timed with the epilogue": (
         "deferral.py", "deferred_tuning.py", "epilogue.py", "inlining.py",
     ),
-    "the implementation library (0017, optional)": ("collective_implementations.py",),
+    "the implementation library (0018, optional)": ("collective_implementations.py",),
 }  # fmt: skip
 
 
@@ -111,7 +120,37 @@ def by_guarantee() -> list[tuple[str, str, int, int, int]]:
 
 
 def _modules() -> list[Path]:
-    return sorted(OVERLAY.rglob("*.py"))
+    # Helpers for tests (torch/testing/) are tests, counted with them.
+    return sorted(path for path in OVERLAY.rglob("*.py") if "testing" not in path.parts)
+
+
+def upstream_series() -> tuple[int, int, int, int]:
+    """Overlay lines and code lines as the last ``Forwarded: no`` patch leaves
+    them, its patch count, and how many patches of the series carry tests."""
+    patches = series.read_series(ROOT / "patches")
+    upstream = [patch.fields["Forwarded"] == "no" for patch in patches]
+    last = max(index for index, is_upstream in enumerate(upstream) if is_upstream)
+    modules = {
+        name: text
+        for name, text in overlay.states(patches, OVERLAY)[last].items()
+        if name.endswith(".py")
+        and name.startswith("torch/")
+        and "/testing/" not in name
+    }
+    with_tests = sum(
+        any(series.is_test_file(name) for name in patch.overlay_modules)
+        or any(
+            series.is_test_file(file_diff.path)
+            for file_diff in unified_diff.parse(patch.diff)
+        )
+        for patch in patches
+    )
+    return (
+        sum(len(text.splitlines()) for text in modules.values()),
+        sum(_kinds_of_lines(text)["code"] for text in modules.values()),
+        last + 1,
+        with_tests,
+    )
 
 
 def _relative(path: Path) -> str:
@@ -149,7 +188,8 @@ def rework() -> tuple[int, dict[str, int]]:
             if line.startswith("diff --git a/"):
                 current = line.split(" b/", 1)[1]
             elif line.startswith("-") and not line.startswith("---"):
-                if current in introduced:
+                # Code only: a test file's diffs are its tests growing.
+                if current in introduced and not series.is_test_file(current):
                     removed[patch.name[:4]] = removed.get(patch.name[:4], 0) + 1
         # The field, with its continuation lines (indented by one space).
         overlay = re.search(r"^Overlay: (.*(?:\n .*)*)", text, re.MULTILINE)
@@ -205,11 +245,19 @@ def measure() -> list[tuple[str, str, str]]:
         headers.append((before, patch.name[:4]))
     header, header_patch = max(headers)
     reworked, by_patch = rework()
+    upstream_total, upstream_code, upstream_count, with_tests = upstream_series()
+    patch_count = len(series.read_series(ROOT / "patches"))
     first = sorted((ROOT / "patches").glob("*.patch"))[0]
     subject = first.read_text().splitlines()[0].removeprefix("Subject: ")
     return [
         ("overlay lines (torch_overlay/**/*.py)", f"{total:,}", f"{len(_modules())} files"),
         ("overlay code lines (no docstring, comment or blank line)", f"{code:,}", "-"),
+        (
+            "overlay lines / code lines of the upstream series",
+            f"{upstream_total:,} / {upstream_code:,}",
+            f"after its last Forwarded: no patch, {upstream_count:04d}",
+        ),
+        ("patches that carry their tests", f"{with_tests} of {patch_count}", "-"),
         ("largest overlay module", str(largest[0]), largest[1]),
         ("largest class", str(largest_class[0]), largest_class[1]),
         ("longest function", str(longest[0]), longest[1]),

@@ -97,12 +97,17 @@ def _drift_report(expected: Path, actual: Path) -> list[str]:
 
 
 def _overlay_drift(expected: dict[str, str], overlay_dir: Path) -> list[str]:
+    names = [
+        *series.overlay_files(overlay_dir),
+        *series.carried_test_files(overlay_dir.parent),
+    ]
     actual = {
-        path.as_posix(): (overlay_dir / path).read_text()
-        for path in series.overlay_files(overlay_dir)
+        name.as_posix(): overlay.new_file_path(overlay_dir, name.as_posix()).read_text()
+        for name in names
     }
     return [
-        f"torch_overlay/{path} differs from the queue's"
+        f"{'' if series.is_test_file(path) else 'torch_overlay/'}{path} differs "
+        "from the queue's"
         for path in sorted(set(expected) | set(actual))
         if expected.get(path) != actual.get(path)
     ]
@@ -150,7 +155,8 @@ def cmd_check(args, layout: Layout) -> int:
         return 1
     print(
         f"patchstack check: OK ({len(patches)} patches apply exactly to pristine torch {base}, "
-        "every prefix with its overlay modules; patches/ and torch_overlay/ match their export)"
+        "every prefix with its overlay modules and tests; patches/, torch_overlay/ and the "
+        "carried tests match their export)"
     )
     return 0
 
@@ -225,13 +231,13 @@ def cmd_export(args, layout: Layout) -> int:
     patches, modules = queue.export(queue_dir)
     base = queue.queue_base(queue_dir)
     queue.write_patches(layout.patches, patches, base)
-    queue.write_overlay(layout.overlay, modules)
+    queue.write_new_files(layout.overlay, modules)
     (layout.root / series.REQUIREMENTS_FILE).write_text(
         series.render_requirements(base)
     )
     print(
         f"exported {len(patches)} patches onto torch {base} to {layout.patches}, "
-        f"{len(modules)} overlay modules to {layout.overlay}, "
+        f"{len(modules)} overlay modules and test files to {layout.overlay} and test/, "
         f"and torch=={base} to {series.REQUIREMENTS_FILE}"
     )
     return 0

@@ -1,7 +1,11 @@
-"""New modules through the series: which patch introduces each, and its text after every patch.
+"""New files through the series: which patch introduces each, and its text after every patch.
 
 ``torch_overlay/`` holds every module the stack adds to torch, in its state
 after the last patch: what the stack ships, what developers read and edit.
+The test files the patches carry (``test/inductor/``, ``test/distributed/``,
+at upstream's paths) are the repository's own ``test/`` files, likewise in
+their state after the last patch (:func:`new_file_path`).  Modules and tests
+are handled alike; this docstring says "module" for both.
 A module is introduced by the patch that names it in its ``Overlay:`` field;
 a later patch changes it with an ordinary diff in its ``.patch`` file, like
 any upstream file.  The module's text as of an earlier patch is derived
@@ -31,6 +35,21 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
+def new_file_path(overlay_dir: Path, name: str) -> Path:
+    """Where the final text of ``name``, a file the series adds, lives.
+
+    A carried test file is the repository's own (``<repo>/test/...``, next to
+    ``torch_overlay/``); a module is under ``overlay_dir``.
+    """
+    if series_mod.is_test_file(name):
+        return overlay_dir.parent / name
+    return overlay_dir / name
+
+
+def _shown(name: str) -> str:
+    return name if series_mod.is_test_file(name) else f"torch_overlay/{name}"
+
+
 def claims(patches: list[series_mod.Patch], overlay_dir: Path) -> dict[str, int]:
     """Each overlay module (a wheel path) and the index of the patch that introduces it.
 
@@ -45,19 +64,23 @@ def claims(patches: list[series_mod.Patch], overlay_dir: Path) -> dict[str, int]
                     f"{name} is claimed by {patches[owner[name]].file_name} and "
                     f"{patch.file_name}"
                 )
-            if not (overlay_dir / name).is_file():
+            if not new_file_path(overlay_dir, name).is_file():
                 raise series_mod.SeriesError(
-                    f"{patch.file_name} names {name}, not in torch_overlay/"
+                    f"{patch.file_name} names {name}, not in "
+                    f"{'the repository' if series_mod.is_test_file(name) else 'torch_overlay/'}"
                 )
             owner[name] = index
     unclaimed = [
         str(path)
-        for path in series_mod.overlay_files(overlay_dir)
+        for path in [
+            *series_mod.overlay_files(overlay_dir),
+            *series_mod.carried_test_files(overlay_dir.parent),
+        ]
         if path.as_posix() not in owner
     ]
     if unclaimed:
         raise series_mod.SeriesError(
-            f"no patch names these overlay modules in 'Overlay:': {unclaimed}"
+            f"no patch names these modules or test files in 'Overlay:': {unclaimed}"
         )
     return owner
 
@@ -71,7 +94,7 @@ def states(patches: list[series_mod.Patch], overlay_dir: Path) -> list[dict[str,
     from the module's later text.
     """
     owner = claims(patches, overlay_dir)
-    current = {path: (overlay_dir / path).read_text() for path in owner}
+    current = {path: new_file_path(overlay_dir, path).read_text() for path in owner}
     result: list[dict[str, str]] = [{} for _ in patches]
     for index in reversed(range(len(patches))):
         result[index] = dict(current)
@@ -95,8 +118,8 @@ def states(patches: list[series_mod.Patch], overlay_dir: Path) -> list[dict[str,
             except unified_diff.PatchError as error:
                 raise unified_diff.PatchError(
                     f"{patch.file_name}: its changes to {file_diff.path} do not undo "
-                    f"from torch_overlay/{file_diff.path} ({error}).  torch_overlay/ "
-                    "holds the modules after the last patch; an edit to lines that a "
+                    f"from {_shown(file_diff.path)} ({error}).  torch_overlay/ and "
+                    "test/ hold the files after the last patch; an edit to lines that a "
                     "later patch changes, or to their context, is made in the patch "
                     "queue instead (CONTRIBUTING.md, 'The patch queue')"
                 ) from None

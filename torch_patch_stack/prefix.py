@@ -7,7 +7,8 @@ is the installed (fully patched) torch package, hard-linked file by file,
 with every file that some patch writes replaced by its text after the
 prefix: upstream files as the prefix leaves them (pristine where only later
 patches change them), the overlay modules of the prefix's patches as they
-stand after it, and the others removed.  Files are replaced by unlinking the
+stand after it, and the others removed.  The test files the prefix carries
+are written beside the package, under ``dest/test/``, as they stand after it.  Files are replaced by unlinking the
 link first, so the installed torch is never written through.  Put the tree
 first on ``PYTHONPATH`` and ``import torch`` imports the prefix; torch's own
 dependencies (CUDA libraries, triton) still come from the environment.

@@ -182,12 +182,20 @@ def export(queue_dir: Path) -> tuple[list[series_mod.Patch], dict[str, str]]:
     return patches, texts
 
 
-def write_overlay(overlay_dir: Path, modules: dict[str, str]) -> None:
-    """Make ``overlay_dir`` hold exactly ``modules`` (path -> text)."""
-    for stale in series_mod.overlay_files(overlay_dir) if overlay_dir.exists() else []:
-        if stale.as_posix() not in modules:
-            (overlay_dir / stale).unlink()
-    write_files(overlay_dir, modules)
+def write_new_files(overlay_dir: Path, files: dict[str, str]) -> None:
+    """Make ``overlay_dir`` and the carried test directories next to it hold
+    exactly ``files`` (path -> text), the files the series adds."""
+    existing = [
+        *(series_mod.overlay_files(overlay_dir) if overlay_dir.exists() else []),
+        *series_mod.carried_test_files(overlay_dir.parent),
+    ]
+    for stale in existing:
+        if stale.as_posix() not in files:
+            overlay.new_file_path(overlay_dir, stale.as_posix()).unlink()
+    for path, text in files.items():
+        target = overlay.new_file_path(overlay_dir, path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
 
 
 def write_patches(patch_dir: Path, patches: list[series_mod.Patch], base: str) -> None:

@@ -177,6 +177,33 @@ def render_requirements(base: str) -> str:
     )
 
 
+# Where the test files that patches carry live: the repository's own test
+# directories, at upstream's paths.  Everything else under test/ (the tooling's
+# tests, the conftest.py files) is this repository's and never carried.
+CARRIED_TEST_DIRS = ("test/inductor", "test/distributed")
+_NEVER_CARRIED = ("conftest.py",)
+
+
+def is_test_file(path: str) -> bool:
+    """Whether ``path`` (a repository path) is a test file that patches carry."""
+    parent, _, name = path.rpartition("/")
+    return (
+        parent in CARRIED_TEST_DIRS
+        and name.endswith(".py")
+        and name not in _NEVER_CARRIED
+    )
+
+
+def carried_test_files(root: Path) -> list[Path]:
+    """The test files under ``root`` that patches carry, relative to ``root``, sorted."""
+    return sorted(
+        path.relative_to(root)
+        for directory in CARRIED_TEST_DIRS
+        for path in (root / directory).glob("*.py")
+        if is_test_file(path.relative_to(root).as_posix())
+    )
+
+
 def overlay_files(overlay_dir: Path) -> list[Path]:
     """Overlay modules relative to ``overlay_dir``, sorted, caches excluded."""
     return sorted(

@@ -5,15 +5,15 @@ the lines of the overlay modules it introduces (its ``Overlay:`` field),
 added whole as the module stands after that patch (derived backwards from
 ``torch_overlay/`` as :func:`overlay.states` does), plus the added and
 removed lines of its diff, to upstream files and to overlay modules that
-earlier patches introduced.  Context lines do not count; test files are not
-part of patches, and the test helpers that overlay modules under
-``torch/testing/`` hold (as upstream keeps them) are test code, which does
-not count either.  So the size of a patch is what ``git show --stat`` of its
+earlier patches introduced.  Context lines do not count.  The test files a
+patch carries (``test/``) and the helpers it adds for them
+(``torch/testing/``) are counted the same way, apart: the ``tests`` column.
+So a patch's code and tests together are what ``git show --stat`` of its
 queue commit counts, without building the queue (no wheel is needed).
 
-A patch over the limit (:data:`LIMIT`, 800 lines: issue 32, one upstream PR
-a maintainer can review) fails ``sizes``.  There are no exemptions: cut the
-patch.
+A patch whose code is over the limit (:data:`LIMIT`, 800 lines: issue 32,
+one upstream PR a maintainer can review) fails ``sizes``; its tests do not
+count toward it.  There are no exemptions: cut the patch.
 """
 
 from __future__ import annotations
@@ -22,16 +22,13 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from . import overlay, unified_diff
+from . import series as series_mod
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from . import series as series_mod
 
 LIMIT = 800
-# Where upstream keeps the helpers of its tests: overlay modules there are
-# test code, not the patch's code.
-TEST_HELPERS = "torch/testing/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +38,7 @@ class PatchSize:
     introduced: int  # lines of the overlay modules it introduces, as of this patch
     added: int  # "+" lines of its diff
     removed: int  # "-" lines of its diff
+    tests: int = 0  # the same three counts, for its tests and their helpers
 
     @property
     def number(self) -> str:
@@ -55,29 +53,25 @@ def _lines(text: str) -> int:
     return len(text.splitlines())
 
 
+def is_test_code(path: str) -> bool:
+    """A carried test file, or a helper module for tests (``torch/testing/``)."""
+    return series_mod.is_test_file(path) or path.startswith("torch/testing/")
+
+
 def measure(patches: list[series_mod.Patch], overlay_dir: Path) -> list[PatchSize]:
     """The size of every patch of the series, in order."""
     after = overlay.states(patches, overlay_dir)
     sizes = []
     for index, patch in enumerate(patches):
-        hunks = [
-            hunk
-            for file_diff in unified_diff.parse(patch.diff)
-            if not file_diff.path.startswith(TEST_HELPERS)
-            for hunk in file_diff.hunks
-        ]
+        counts = {False: [0, 0, 0], True: [0, 0, 0]}
+        for name in patch.overlay_modules:
+            counts[is_test_code(name)][0] += _lines(after[index][name])
+        for file_diff in unified_diff.parse(patch.diff):
+            for hunk in file_diff.hunks:
+                counts[is_test_code(file_diff.path)][1] += len(hunk.added)
+                counts[is_test_code(file_diff.path)][2] += len(hunk.removed)
         sizes.append(
-            PatchSize(
-                patch.file_name,
-                patch.subject,
-                sum(
-                    _lines(after[index][name])
-                    for name in patch.overlay_modules
-                    if not name.startswith(TEST_HELPERS)
-                ),
-                sum(len(hunk.added) for hunk in hunks),
-                sum(len(hunk.removed) for hunk in hunks),
-            )
+            PatchSize(patch.file_name, patch.subject, *counts[False], sum(counts[True]))
         )
     return sizes
 
@@ -90,7 +84,7 @@ def report(sizes: list[PatchSize], limit: int = LIMIT) -> tuple[list[str], list[
     """The table (its lines) and the problems that fail the check."""
     lines = [
         f"{'patch':<5}  {'subject':<52}  {'modules':>7}  {'+':>5}  {'-':>5}  "
-        f"{'total':>6}"
+        f"{'total':>6}  {'tests':>6}"
     ]
     over = []
     for size in sizes:
@@ -101,12 +95,12 @@ def report(sizes: list[PatchSize], limit: int = LIMIT) -> tuple[list[str], list[
         lines.append(
             f"{size.number:<5}  {_shorten(size.subject, 52):<52}  "
             f"{size.introduced:>7}  {size.added:>5}  {size.removed:>5}  "
-            f"{size.total:>6}{mark}"
+            f"{size.total:>6}  {size.tests:>6}{mark}"
         )
     lines.append(
         f"{'all':<5}  {'':<52}  {sum(s.introduced for s in sizes):>7}  "
         f"{sum(s.added for s in sizes):>5}  {sum(s.removed for s in sizes):>5}  "
-        f"{sum(s.total for s in sizes):>6}"
+        f"{sum(s.total for s in sizes):>6}  {sum(s.tests for s in sizes):>6}"
     )
     problems = [
         f"{size.file_name} changes {size.total} lines, over the limit of {limit}: "

@@ -79,6 +79,12 @@ def build(
             overlay_dir,
             count,
         )
+        # The tests the patches carry are the source tree's, not the wheel's.
+        modules = {
+            path: text
+            for path, text in modules.items()
+            if not series_mod.is_test_file(path)
+        }
         replaced = {path: text.encode() for path, text in upstream.items()}
         added = {path: text.encode() for path, text in modules.items()}
         clashes = sorted(set(added) & names)

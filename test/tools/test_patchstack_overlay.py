@@ -176,3 +176,53 @@ def test_prefix_tree_replaces_files_without_touching_the_installed_torch(
     after = {path: path.read_bytes() for path in installed.rglob("*") if path.is_file()}
     assert after == before
     assert series.read_series(repo / "patches")[1].overlay_modules == []
+
+
+TEST_FILE = "test/inductor/test_new_module.py"
+TESTS_HEADER = """[inductor] A test file, and its extension
+
+Description: Introduce a test file, whole
+Overlay: test/inductor/test_new_module.py
+Forwarded: no
+Last-Update: 2026-11-29
+"""
+MORE_TESTS_HEADER = """[inductor] Another test
+
+Description: Extend the test file with a diff
+Forwarded: no
+Last-Update: 2026-11-29
+"""
+
+
+def test_tests_travel_with_their_patches(two_patches, tmp_path, capsys):
+    repo, wheel, run = two_patches
+    queue_dir = tmp_path / "queue"
+    test = queue_dir / TEST_FILE
+    test.parent.mkdir(parents=True)
+    test.write_text("def test_one():\n    pass\n")
+    queue.git(queue_dir, "add", TEST_FILE)
+    queue.git(queue_dir, "commit", "-qm", TESTS_HEADER)
+    test.write_text("def test_one():\n    pass\n\n\ndef test_two():\n    pass\n")
+    queue.git(queue_dir, "commit", "-qam", MORE_TESTS_HEADER)
+    assert run("export", "--dir", str(queue_dir)) == 0
+    # The repository's test/ holds the file after the last patch; the later
+    # patch carries an ordinary diff of it.
+    assert (repo / TEST_FILE).read_text().endswith("def test_two():\n    pass\n")
+    later = (repo / "patches" / "0004-another-test.patch").read_text()
+    assert f"+++ b/{TEST_FILE}\n" in later and "+def test_two():\n" in later
+    assert run("check", "--wheel", str(wheel)) == 0
+    # apply-source commits each state with its patch; the wheel carries none.
+    checkout = _pristine_checkout(wheel, tmp_path)
+    assert run("apply-source", str(checkout)) == 0
+    assert queue.git(checkout, "show", f"HEAD~1:{TEST_FILE}") == (
+        "def test_one():\n    pass\n"
+    )
+    capsys.readouterr()
+    assert run("build", "--wheel", str(wheel), "--out", str(tmp_path / "dist")) == 0
+    with zipfile.ZipFile(Path(capsys.readouterr().out.strip())) as archive:
+        assert not [name for name in archive.namelist() if name.startswith("test/")]
+    # A carried test file that no patch claims is refused.
+    stray = repo / "test" / "inductor" / "test_stray.py"
+    stray.write_text("")
+    assert run("check", "--wheel", str(wheel)) == 1
+    assert "test/inductor/test_stray.py" in capsys.readouterr().err

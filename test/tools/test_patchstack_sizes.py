@@ -2,13 +2,13 @@
 
 On the small synthetic series of ``test_patchstack.py`` (the ``stack``
 fixture) plus a second patch that changes the first one's overlay module and
-removes an upstream line: a patch counts its introduced modules as of that
-patch, not as ``torch_overlay/`` has them after the last one, plus its
-diff's added and removed lines, which is what ``git`` counts in the queue's
-commit of the patch.  Then the limit: a patch over it fails, with no
+removes an upstream line, and adds a test file: a patch counts its
+introduced modules as of that patch, not as ``torch_overlay/`` has them
+after the last one, plus its diff's added and removed lines, and its tests
+apart, which together is what ``git`` counts in the queue's commit of the
+patch.  Then the limit: a patch over it fails, with no
 exemptions.  The last test runs ``sizes`` on this repository, as ``.ci/run``
-does.  An overlay module under ``torch/testing/`` is a test helper, test
-code that does not count.
+does.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ REPO = Path(__file__).resolve().parents[2]
 LATER_HEADER = """[inductor] Extend the new module, drop line 30
 
 Description: Add a second value and remove a line upstream
+Overlay: test/inductor/test_new_module.py
 Forwarded: no
 Last-Update: 2026-11-25
 """
 HEAD = (
     "patch  subject                                               modules      +"
-    "      -   total"
+    "      -   total   tests"
 )
 
 
@@ -40,6 +41,10 @@ def two_patches(stack, tmp_path):
     (queue_dir / "torch" / "_new_module.py").write_text("VALUE = 1\nOTHER = 2\n")
     foo = queue_dir / "torch" / "foo.py"
     foo.write_text(foo.read_text().replace("line 30\n", ""))
+    test = queue_dir / "test" / "inductor" / "test_new_module.py"
+    test.parent.mkdir(parents=True)
+    test.write_text("def test_value():\n    assert True\n")
+    queue.git(queue_dir, "add", "test")
     queue.git(queue_dir, "commit", "-qam", LATER_HEADER)
     assert run("export", "--dir", str(queue_dir)) == 0
     return repo, run, queue_dir
@@ -50,11 +55,13 @@ def test_sizes_count_what_the_queue_commits(two_patches, capsys):
     assert run("sizes") == 0
     assert capsys.readouterr().out.splitlines() == [
         HEAD,
-        "0001   [inductor] Change line twenty                               1      1      1       3",
-        "0002   [inductor] Extend the new module, drop line 30              0      1      1       2",
-        "all                                                                1      2      2       5",
+        "0001   [inductor] Change line twenty                               1      1      1       3       0",
+        "0002   [inductor] Extend the new module, drop line 30              0      1      1       2       2",
+        "all                                                                1      2      2       5       2",
         "patchstack sizes: 2 patches, 0 over 800 lines",
     ]
+    # The test file is the repository's own, where tests live.
+    assert (repo / "test" / "inductor" / "test_new_module.py").is_file()
     # The same count as git's, commit by commit, in the queue.
     commits = queue.git(queue_dir, "rev-list", "--reverse", "pristine..HEAD").split()
     changed = [
@@ -69,7 +76,7 @@ def test_sizes_count_what_the_queue_commits(two_patches, capsys):
         )
         for commit in commits
     ]
-    assert changed == [3, 2]
+    assert changed == [3, 4]
 
 
 def test_a_patch_over_the_limit_fails(two_patches, capsys):
@@ -77,52 +84,15 @@ def test_a_patch_over_the_limit_fails(two_patches, capsys):
     assert run("sizes", "--limit", "2") == 1
     out, err = capsys.readouterr()
     assert out.splitlines()[1:] == [
-        "0001   [inductor] Change line twenty                               1      1      1       3  > 2 FAILED",
-        "0002   [inductor] Extend the new module, drop line 30              0      1      1       2",
-        "all                                                                1      2      2       5",
+        "0001   [inductor] Change line twenty                               1      1      1       3       0  > 2 FAILED",
+        "0002   [inductor] Extend the new module, drop line 30              0      1      1       2       2",
+        "all                                                                1      2      2       5       2",
         "patchstack sizes: 2 patches, 1 over 2 lines",
     ]
     assert err.splitlines() == [
         "patchstack sizes: FAILED",
         "0001-change-line-twenty.patch changes 3 lines, over the limit of 2: "
         "cut it into patches of at most that",
-    ]
-
-
-HELPER_HEADER = """[inductor] A test helper beside the change
-
-Description: Extend the new module, with a helper for its tests
-Overlay: torch/testing/_internal/new_module_utils.py
-Forwarded: no
-Last-Update: 2026-11-29
-"""
-
-
-def test_test_helpers_do_not_count(stack, tmp_path, capsys):
-    repo, _, run = stack
-    queue_dir = tmp_path / "queue"
-    (queue_dir / "torch" / "_new_module.py").write_text("VALUE = 1\nOTHER = 2\n")
-    helper = queue_dir / "torch" / "testing" / "_internal" / "new_module_utils.py"
-    helper.parent.mkdir(parents=True)
-    helper.write_text("HELPED = 1\nAGAIN = 2\n")
-    queue.git(queue_dir, "add", str(helper))
-    queue.git(queue_dir, "commit", "-qam", HELPER_HEADER)
-    # A later patch's diff to the helper does not count either.
-    helper.write_text("HELPED = 1\nAGAIN = 3\n")
-    queue.git(
-        queue_dir,
-        "commit",
-        "-qam",
-        HELPER_HEADER.replace(
-            "A test helper beside the change", "Change the helper only"
-        ).replace("Overlay: torch/testing/_internal/new_module_utils.py\n", ""),
-    )
-    assert run("export", "--dir", str(queue_dir)) == 0
-    capsys.readouterr()
-    assert run("sizes") == 0
-    assert capsys.readouterr().out.splitlines()[2:4] == [
-        "0002   [inductor] A test helper beside the change                  0      1      0       1",
-        "0003   [inductor] Change the helper only                           0      0      0       0",
     ]
 
 

@@ -33,7 +33,6 @@ from torch._inductor.runtime.collective_benchmarking.decisions import (
 from torch._inductor.runtime.collective_benchmarking.groups import resolve_group
 from torch._inductor.runtime.collective_benchmarking.reporting import (
     DecisionSource,
-    describe,
     explain,
     publish,
 )
@@ -324,15 +323,14 @@ def report_untimed(name: str, choices: Sequence[Any], chosen: Any) -> None:
     publish(
         decision,
         name,
+        header=f"collective autotuning of {name}",
+        logger=decision_log,
         tuning_key=None,
         ranks=dist.get_process_group_ranks(group) if group is not None else [],
         source=DecisionSource.UNTIMED,
         default=default,
         notes=[],  # nothing was timed: no candidate to explain
     )
-    if decision_log.isEnabledFor(logging.DEBUG):
-        header = f"collective autotuning of {name}"
-        decision_log.debug(describe(decision, header, DecisionSource.UNTIMED, []))
 
 
 def choices_identity(choices: Sequence[Any]) -> str:

@@ -11,9 +11,10 @@ settings a rank compiles a candidate under (:func:`candidate_compile_settings`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from datetime import timedelta
-from typing import cast, TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 from torch._inductor import config, config_comms
 from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -33,64 +34,15 @@ __all__ = [
     "deferral_requested",
 ]
 
-# Each knob this module reads: its environment variable and the Python types
-# it may hold.  The variables are spelled out for the messages that name them:
-# a numeric knob is a plain module value whose variable only the expression
-# that reads it names (``Config``'s ``env_name_default`` reads "1" and "0" as
-# bools and any other text as a string, so only the switches are ``Config``
-# entries), and inductor_default_autotune_warmup's does not follow the
-# TORCHINDUCTOR_<KNOB> pattern.  A switch's variable set to anything but 0 or
-# 1 is a string here, reported by _read.
-_KNOBS: dict[str, tuple[str, tuple[type, ...]]] = {
-    "collective_benchmark_timeout": (
-        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_TIMEOUT",
-        (int, float),
-    ),
-    "inductor_default_autotune_warmup": (
-        "TORCHINDUCTOR_DEFAULT_AUTOTUNE_WARMUP",
-        (int,),
-    ),
-    "collective_benchmark_nruns": (
-        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_NRUNS",
-        (int,),
-    ),
-    "collective_benchmark_retries": (
-        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_RETRIES",
-        (int,),
-    ),
-    "collective_benchmark_tie_tolerance": (
-        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_TIE_TOLERANCE",
-        (int, float),
-    ),
-    "collective_benchmark_screen_results": (
-        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_SCREEN_RESULTS",
-        (bool,),
-    ),
-    "collective_benchmark_max_wait": (
-        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_MAX_WAIT",
-        (int, float),
-    ),
-    "collective_benchmark_confidence": (
-        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_CONFIDENCE",
-        (int, float),
-    ),
-    "collective_benchmark_allow_gloo_overlap": (
-        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_ALLOW_GLOO_OVERLAP",
-        (bool,),
-    ),
-    "defer_collective_autotuning": (
-        "TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING",
-        (bool,),
-    ),
-    "collective_benchmark_strict": (
-        "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT",
-        (bool,),
-    ),
-}
-
-# CollectiveBenchmarkConfig field -> the knob it is read from; the timeout is
-# read by _timeout().
+# CollectiveBenchmarkConfig field -> the knob it is read from.  A knob's
+# type is its field's (a number of seconds for a timedelta), and its
+# environment variable, which the messages name, is TORCHINDUCTOR_ and its
+# name in capitals, less upstream's own "inductor_" prefix.  The switches
+# are ``Config`` entries, whose ``env_name_default`` reads "1" and "0" as
+# bools and any other text as a string, reported by _read; the numeric knobs
+# are plain module values (``Config`` reads no numbers).
 _FIELDS = {
+    "timeout": "collective_benchmark_timeout",
     "nwarmup": "inductor_default_autotune_warmup",
     "nruns": "collective_benchmark_nruns",
     "retries": "collective_benchmark_retries",
@@ -104,27 +56,20 @@ _FIELDS = {
 
 
 def _knob(name: str) -> str:
-    return f"torch._inductor.config.{name} (environment variable {_KNOBS[name][0]})"
+    variable = "TORCHINDUCTOR_" + name.upper().removeprefix("INDUCTOR_")
+    return f"torch._inductor.config.{name} (environment variable {variable})"
 
 
-def _read(name: str) -> object:
-    _, types = _KNOBS[name]
+def _read(name: str, kind: type) -> Any:
     value = getattr(config, name)
+    kinds = (kind,) if kind in (int, bool) else (int, float)
     # bool is an int: a switch set where a count belongs is a mistake too.
-    if isinstance(value, bool) != (bool in types) or not isinstance(value, types):
-        expected = " or ".join(t.__name__ for t in types)
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kinds):
+        expected = " or ".join(t.__name__ for t in kinds)
         raise ValueError(
             f"{_knob(name)} must be {expected}, got {value!r} ({type(value).__name__})"
         )
-    return value
-
-
-def _timeout() -> timedelta:
-    knob = "collective_benchmark_timeout"
-    seconds = cast(float, _read(knob))
-    if seconds <= 0:
-        raise ValueError(f"{_knob(knob)} must be positive, got {seconds!r}")
-    return timedelta(seconds=seconds)
+    return timedelta(seconds=value) if kind is timedelta else value
 
 
 def benchmark_config() -> CollectiveBenchmarkConfig:
@@ -139,9 +84,11 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
     Agreed decisions are stored in ``collective_decisions/`` of Inductor's
     cache directory while ``autotune_local_cache`` is set.
     """
-    read = {field: _read(knob) for field, knob in _FIELDS.items()}
-    timeout = _timeout()
-    max_wait = timedelta(seconds=read.pop("max_wait"))  # type: ignore[arg-type]
+    kinds = {
+        f.name: type(f.default) for f in dataclasses.fields(CollectiveBenchmarkConfig)
+    }
+    read = {field: _read(knob, kinds[field]) for field, knob in _FIELDS.items()}
+    read["max_wait"] = max(read["max_wait"], read["timeout"])
     # Agreed decisions are autotuning results: stored with them, under the
     # same switch.
     decision_dir = (
@@ -150,12 +97,8 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
         else None
     )
     try:
-        return CollectiveBenchmarkConfig(
-            timeout=timeout,
-            max_wait=max(max_wait, timeout),
-            decision_dir=decision_dir,
-            **read,  # type: ignore[arg-type]
-        )
+        # The ranges are the config's own checks, reported here as the knob's.
+        return CollectiveBenchmarkConfig(decision_dir=decision_dir, **read)
     except InvalidBenchmarkSetting as error:
         knob = _FIELDS[error.field]
         raise ValueError(
@@ -165,7 +108,7 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
 
 def deferral_requested() -> bool:
     """``defer_collective_autotuning``, checked: ``ValueError`` unless a bool."""
-    return cast(bool, _read("defer_collective_autotuning"))
+    return bool(_read("defer_collective_autotuning", bool))
 
 
 # Inductor's passes that issue a collective over the job's ranks while they

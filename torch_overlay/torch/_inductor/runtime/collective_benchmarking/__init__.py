@@ -18,6 +18,8 @@ modules listed before it:
 * ``groups.py``: the process group an op names, and its topology;
 * ``known_crashes.py``: the collectives known to crash their process on some
   backend and device, which no candidate may call there;
+* ``gloo_hazards.py``: the candidates that could crash a gloo process,
+  disqualified before they run (fork only);
 * ``timing.py``: device-agnostic timing;
 * ``channel_builder.py``: a channel, built by c10d as a members-only group;
 * ``channels.py``: the private process groups a session runs on, and its

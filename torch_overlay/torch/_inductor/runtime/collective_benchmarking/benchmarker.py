@@ -30,7 +30,6 @@ from .reporting import (
     count_decisions,
     count_session,
     DecisionSource,
-    describe,
     explain,
     publish,
     say_once,
@@ -328,19 +327,18 @@ class CollectiveBenchmarker:
         publish(
             decision,
             op.key,
+            header=(
+                f"collective autotuning of {op.key} over group {decision.group_name!r} "
+                f"({self.size} ranks, {self.config.nruns} timed runs, timeout "
+                f"{self.config.timeout.total_seconds():g}s), on rank {self.rank}"
+            ),
+            logger=decision_log,
             tuning_key=op.memo_key,
             ranks=dist.get_process_group_ranks(self.group),
             source=source,
             default=default,
             notes=notes,
         )
-        if decision_log.isEnabledFor(logging.DEBUG):
-            header = (
-                f"collective autotuning of {op.key} over group {decision.group_name!r} "
-                f"({self.size} ranks, {self.config.nruns} timed runs, timeout "
-                f"{self.config.timeout.total_seconds():g}s), on rank {self.rank}"
-            )
-            decision_log.debug(describe(decision, header, source, notes))
         return notes
 
 

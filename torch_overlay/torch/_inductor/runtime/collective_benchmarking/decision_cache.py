@@ -75,7 +75,7 @@ _pre_agreed: collections.OrderedDict[tuple[str, str], CollectiveDecision] = (
 _PRE_AGREED_LIMIT = 1024
 
 # Bumped when what a stored decision means changes.
-_STORED_DECISION_FORMAT = 2
+_STORED_DECISION_FORMAT = 3
 
 
 def _memo_key(member: Member, op: OpToTune) -> tuple[str, ...] | None:

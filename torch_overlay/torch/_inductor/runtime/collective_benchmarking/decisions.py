@@ -142,50 +142,25 @@ class CollectiveDecision:
 
 def decision_to_json(decision: CollectiveDecision) -> str:
     """``decision`` as JSON, which :func:`decision_from_json` reads back equal."""
-    return json.dumps(
-        {
-            "group": decision.group_name,
-            "winner": decision.winner,
-            "reason": decision.reason,
-            "rule": decision.rule.name,
-            "noise_floor": decision.noise_floor,
-            "timer": decision.timer,
-            "results": [
-                {
-                    "name": result.name,
-                    "attempts": result.attempts,
-                    "stage": result.stage,
-                    "reports": [
-                        [int(report.status), list(report.samples)]
-                        for report in result.reports
-                    ],
-                }
-                for result in decision.results
-            ],
-        }
-    )
+    # The rule by its name; statuses are ints (IntEnum), tuples lists.
+    return json.dumps(dataclasses.asdict(decision), default=lambda rule: rule.name)
 
 
 def decision_from_json(text: str) -> CollectiveDecision:
     raw = json.loads(text)
     results = tuple(
         CandidateResult(
-            result["name"],
-            tuple(
-                RankReport(CandidateStatus(status), tuple(samples))
-                for status, samples in result["reports"]
-            ),
-            result["attempts"],
-            result["stage"],
+            **{
+                **result,
+                "reports": tuple(
+                    RankReport(
+                        CandidateStatus(report["status"]), tuple(report["samples"])
+                    )
+                    for report in result["reports"]
+                ),
+            }
         )
-        for result in raw["results"]
+        for result in raw.pop("results")
     )
-    return CollectiveDecision(
-        raw["group"],
-        results,
-        raw["winner"],
-        raw["reason"],
-        DecisionRule[raw["rule"]],
-        raw["noise_floor"],
-        raw.get("timer", ""),
-    )
+    rule = DecisionRule[raw.pop("rule")]
+    return CollectiveDecision(results=results, rule=rule, **raw)

@@ -1,17 +1,17 @@
 """What a collective autotuning decision says about itself, in the tools people read.
 
-Each decision is reported on every rank of its group, in two forms that say
-the same thing:
+Each decision is reported on every rank of its group as one structured
+payload, which names the op and its tuning key, the group (name, size,
+global ranks), each candidate's status per rank, agreed time, paired
+comparison with the default and why it won or lost (:func:`explain`), the
+session's noise floor, the winner, the rule that chose it
+(:class:`DecisionRule`) and how this compile came by it
+(:class:`DecisionSource`).  It is shown in two places:
 
-* a structured artifact, ``collective_autotuning_decision``, through
+* the artifact ``collective_autotuning_decision``, through
   ``trace_structured``: with ``TORCH_TRACE`` set, tlparse lists it under the
-  compile that made it.  Its JSON payload names the op and its tuning key,
-  the group (name, size, global ranks), each candidate's status per rank,
-  agreed time and paired comparison with the default, the session's noise
-  floor, the winner, the rule that chose it (:class:`DecisionRule`) and how
-  this compile came by it (:class:`DecisionSource`);
-* a table in the ``collective_autotuning`` TORCH_LOGS artifact, with a
-  column that says why each candidate won or lost (:func:`explain`).
+  compile that made it;
+* a table in the ``collective_autotuning`` TORCH_LOGS artifact.
 
 Decisions taken without benchmarking (remembered, adopted from a peer, a
 cached program's, agreed at its replay, or the default that deterministic
@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import collections
 import enum
+import functools
 import json
+import logging
 import math
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 from torch._dynamo.utils import counters
 from torch._logging import trace_structured
@@ -41,7 +43,6 @@ from .rules import (
 
 
 if TYPE_CHECKING:
-    import logging
     from collections.abc import Sequence
 
 
@@ -51,7 +52,6 @@ __all__ = [
     "count_decisions",
     "count_session",
     "DecisionSource",
-    "describe",
     "explain",
     "publish",
     "say_once",
@@ -142,12 +142,6 @@ def say_once(
     )
 
 
-def _ranks_with(result: CandidateResult, status: CandidateStatus) -> list[int]:
-    return [
-        rank for rank, report in enumerate(result.reports) if report.status is status
-    ]
-
-
 def explain(
     decision: CollectiveDecision, default: str | None, confidence: float
 ) -> list[str]:
@@ -162,15 +156,12 @@ def explain(
     notes = []
     for result in decision.results:
         if result.status is not CandidateStatus.OK:
-            ranks = [
-                str(rank)
-                for rank, report in enumerate(result.reports)
-                if report.status is result.status
-            ]
+            ranks = _ranks_with(result, result.status)
             where = f" in {result.stage}" if result.stage else ""
             notes.append(
                 f"disqualified: {result.status.description} on "
-                f"rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}{where}"
+                f"rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(map(str, ranks))}{where}"
             )
         elif result.name == default:
             notes.append("the default")
@@ -201,84 +192,83 @@ def publish(
     decision: CollectiveDecision,
     op: str,
     *,
+    header: str,
+    logger: logging.Logger,
     tuning_key: str | None,
     ranks: Sequence[int],
     source: DecisionSource,
     default: str | None,
     notes: Sequence[str],
 ) -> None:
-    """Put ``decision`` for ``op`` into the trace (``TORCH_TRACE``), as an artifact.
+    """Put ``decision`` for ``op`` into the trace (``TORCH_TRACE``) and, as a
+    table headed ``header``, into ``logger``'s DEBUG log (TORCH_LOGS).
 
     Called on every rank of the group with the same decision; ``ranks`` are
     the group's global ranks, ``default`` names the op's default candidate
     (``None`` when it has none), ``notes`` are :func:`explain`'s.  The
-    payload is only built when a trace is written.
+    payload is only built when a trace is written or the log is on.
     """
-    reference = _reference(decision, default)
 
-    def payload() -> str:
-        return json.dumps(
-            {
-                "op": op,
-                "tuning_key": tuning_key,
-                "group": {
-                    "name": decision.group_name,
-                    "size": len(ranks),
-                    "ranks": list(ranks),
-                },
-                "default": default,
-                "winner": decision.winner,
-                "rule": decision.rule.value,
-                "source": source.value,
-                "reason": decision.reason,
-                "noise_floor": decision.noise_floor,
-                "timer": decision.timer or None,
-                "candidates": [
-                    _candidate_payload(result, note, reference)
-                    for result, note in zip(decision.results, notes, strict=True)
-                ],
-            }
-        )
+    @functools.cache
+    def payload() -> dict[str, Any]:
+        reference = _reference(decision, default)
+        return {
+            "op": op,
+            "tuning_key": tuning_key,
+            "group": {
+                "name": decision.group_name,
+                "size": len(ranks),
+                "ranks": list(ranks),
+            },
+            "default": default,
+            "winner": decision.winner,
+            "rule": decision.rule.value,
+            "source": source.value,
+            "reason": decision.reason,
+            "noise_floor": decision.noise_floor,
+            "timer": decision.timer or None,
+            "candidates": [
+                _candidate_payload(result, note, reference)
+                for result, note in zip(decision.results, notes, strict=True)
+            ],
+        }
 
     trace_structured(
         "artifact",
         metadata_fn=lambda: {"name": ARTIFACT_NAME, "encoding": "json"},
-        payload_fn=payload,
+        payload_fn=lambda: json.dumps(payload()),
     )
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(_table(header, payload()))
 
 
-def describe(
-    decision: CollectiveDecision,
-    header: str,
-    source: DecisionSource,
-    notes: Sequence[str],
-) -> str:
-    """``decision`` as a table for TORCH_LOGS: a line per candidate, with why it won or lost.
-
-    ``header`` says which op, group and rank it is about; ``notes`` are
-    :func:`explain`'s.
-    """
-    timer = f" ({decision.timer})" if decision.timer else ""
+def _table(header: str, payload: dict[str, Any]) -> str:
+    # The payload as a table: a line per candidate, with why it won or lost.
+    timer = f" ({payload['timer']})" if payload["timer"] else ""
     lines = [
-        f"{header}: winner {decision.winner} ({decision.reason}); "
-        f"rule: {decision.rule.value}; {source.value}{timer}",
+        f"{header}: winner {payload['winner']} ({payload['reason']}); "
+        f"rule: {payload['rule']}; {payload['source']}{timer}",
         f"  {'candidate':<40} {'agreed time':<40} {'why':<56} attempts and per rank",
     ]
-    for result, note in zip(decision.results, notes, strict=True):
+    for entry in payload["candidates"]:
         per_rank = "  ".join(
-            f"r{index}:{report.status.name.lower()}"
-            + ("" if math.isnan(report.median_ms) else f" {report.median_ms:.4f}ms")
-            for index, report in enumerate(result.reports)
+            f"r{rank}:{status}" + ("" if median is None else f" {median:.4f}ms")
+            for rank, (status, median) in enumerate(
+                zip(entry["status_per_rank"], entry["median_ms_per_rank"], strict=True)
+            )
         )
         # Where and why a disqualified candidate failed is its note's to say.
+        time_ms = entry["time_ms"]
         verdict = (
-            f"{result.time_ms:.4f} ms"
-            if result.status is CandidateStatus.OK
-            else "disqualified"
+            "disqualified"
+            if entry["status"] != "ok"
+            else "untimed"
+            if time_ms is None
+            else f"{time_ms:.4f} ms"
         )
         lines.append(
-            f"  {result.name:<40} {verdict:<40} {note:<56} "
-            f"attempts={result.attempts}  {per_rank}"
+            f"  {entry['name']:<40} {verdict:<40} {entry['why']:<56} "
+            f"attempts={entry['attempts']}  {per_rank}"
         )
     return "\n".join(lines)
 
@@ -295,6 +285,12 @@ def _reference(
         ),
         None,
     )
+
+
+def _ranks_with(result: CandidateResult, status: CandidateStatus) -> list[int]:
+    return [
+        rank for rank, report in enumerate(result.reports) if report.status is status
+    ]
 
 
 def _finite(value: float) -> float | None:

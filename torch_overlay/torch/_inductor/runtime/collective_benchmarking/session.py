@@ -29,8 +29,7 @@ from .failures import (
     Step,
     StepFailed,
 )
-from .groups import warn_from_group_rank0
-from .known_crashes import known_crash
+from .gloo_hazards import disqualified_before_running
 from .rules import first_tensor, interleaved_order, outputs_match
 from .timing import CallFailed, time_calls, timed, wait_device
 from .types import CollectiveBenchmarkError
@@ -80,7 +79,12 @@ class SessionRun:
         self.config = config
         self.device = device
         self.channel = channel
-        self.excluded = {**excluded, **self._unsafe(plans, excluded)}
+        self.excluded = {
+            **excluded,
+            **disqualified_before_running(
+                config, device, channel, plans, excluded, log
+            ),
+        }
         twins = twins or [None] * len(plans)
         # The twin, when there is one, is an op's last candidate here.
         self.plans = [
@@ -91,60 +95,6 @@ class SessionRun:
         self.twin_results: list[CandidateResult | None] = [None] * len(plans)
         self._metadata = phase_metadata(channel, plans)
         self._issued = IssuedCounts(channel)
-
-    def _unsafe(
-        self,
-        plans: Sequence[tuple[str, Sequence[Candidate]]],
-        excluded: dict[tuple[int, int], CandidateResult],
-    ) -> dict[tuple[int, int], CandidateResult]:
-        # Candidates that could crash this process, disqualified before they
-        # run.  Every member decides alike: what a candidate calls is read
-        # from its graph (the join compared its signature), the backend is
-        # the group's, and allow_gloo_overlap is in the join's digest.
-        unsafe = {}
-        for op, (_, candidates) in enumerate(plans):
-            for index, candidate in enumerate(candidates):
-                reason = None if (op, index) in excluded else self._hazard(candidate)
-                if reason is None:
-                    continue
-                unsafe[(op, index)] = CandidateResult(
-                    candidate.name,
-                    (RankReport(CandidateStatus.UNSAFE),) * self.channel.group.size(),
-                    stage=f"screening: {reason}",
-                )
-                warn_from_group_rank0(
-                    log,
-                    self.channel.group.rank(),
-                    "collective autotuning: %s is disqualified on every rank of "
-                    "group %r: %s",
-                    candidate.name,
-                    self.channel.group.group_name,
-                    reason,
-                )
-        return unsafe
-
-    def _hazard(self, candidate: Candidate) -> str | None:
-        crash = known_crash(
-            self.channel.backend, self.device.type, candidate.collectives
-        )
-        if crash is not None:
-            op, entry = crash
-            return entry.reason(op)
-        # See docs/modules.md, "Memory safety on gloo".
-        if (
-            self.channel.backend == "gloo"
-            and not self.config.allow_gloo_overlap
-            and candidate.in_flight > 1
-        ):
-            return (
-                f"{candidate.in_flight} collectives in flight on gloo (two gloo "
-                "works that finish together can corrupt the heap: "
-                "ProcessGroupGloo::runLoop stores the finished work's name into a "
-                "status string shared by its worker threads without a lock); set "
-                "torch._inductor.config.collective_benchmark_allow_gloo_overlap "
-                "to let it compete"
-            )
-        return None
 
     def ready(
         self, prepare_errors: dict[tuple[int, int], BaseException], wait: timedelta
