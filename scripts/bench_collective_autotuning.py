@@ -85,8 +85,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import launch_ranks, private_cache_dir
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    launch_ranks,
+    private_cache_dir,
+)
 
 NWARMUP, NRUNS = 3, 10
 # The cache directory a launch's ranks share (the compile and overhead tables).

@@ -22,13 +22,13 @@ import argparse
 import gc
 import math
 import os
-import sys
-from pathlib import Path
 from unittest import mock
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import free_port, private_cache_dir
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    free_port,
+    private_cache_dir,
+)
 
 
 def measure(

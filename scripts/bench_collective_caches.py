@@ -34,13 +34,11 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import launch_ranks
+from torch.testing._internal.distributed.collective_autotuning_jobs import launch_ranks
 
 COUNTERS = ("presync", "replayed_sessions", "ops", "recalled", "presync_s")
 

@@ -49,8 +49,6 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import private_cache_dir, rank_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("happy", "exception", "stall", "straggler", "dead", "wedged")
@@ -67,7 +65,9 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
         register_custom_op_autotuning,
     )
 
-    private_cache_dir("bench-decisions-")
+    # A fresh cache directory: every run compiles and benchmarks (the ranks
+    # may run stock torch, without the stack's test helpers).
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-decisions-")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     group_name = dist.group.WORLD.group_name
@@ -246,6 +246,9 @@ def stock_python(explicit: str | None) -> str:
 
 
 def run_scenario(python: str, scenario: str, nproc: int, timeout: float) -> list[dict]:
+    # The ranks run this file too, possibly on a torch without the stack.
+    from torch.testing._internal.distributed.collective_autotuning_jobs import rank_env
+
     with tempfile.TemporaryDirectory(prefix="bench-decisions-") as out_dir:
         command = [
             python,

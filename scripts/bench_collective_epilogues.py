@@ -58,8 +58,12 @@ import sys
 import time
 from pathlib import Path
 
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    launch_ranks,
+    private_cache_dir,
+)
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import launch_ranks, private_cache_dir
 from bench_collective_regret import (
     median_ci,
     MIN_ROUNDS,

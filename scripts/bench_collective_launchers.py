@@ -2,9 +2,10 @@
 """Jobs as users launch them, many times: how often a process exits non-zero, and relaunches.
 
 Repeats the matrix of ``test/inductor/test_collective_launchers.py`` (the same
-job, ``test/inductor/collective_job_worker.py``: an autotuned all_reduce whose
+job, ``collective_autotuning_jobs.WORKER``: an autotuned all_reduce whose
 winner is ``rs_ag`` whenever it is benchmarked; the same launchers,
-``scripts/collective_jobs.py``) for each launcher and world size, ``--launches``
+``collective_autotuning_jobs.launch``, both in
+``torch/testing/_internal/distributed/``) for each launcher and world size, ``--launches``
 times on one cache directory per cell:
 
 * the first launch tunes (cold cache); the others are relaunches at the same
@@ -29,7 +30,7 @@ Usage:
       [--launchers torchrun,torchrun_nodes,mp_spawn,srun] [--python PATH]
 
 ``--python`` runs the jobs under another interpreter, e.g. an environment of an
-earlier version of the stack, to compare.
+earlier version of the stack (one that has the worker module), to compare.
 """
 
 from __future__ import annotations
@@ -45,12 +46,18 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "test" / "inductor"))
-from collective_jobs import Job, launch, LAUNCHERS
-from rank_processes import DECISION_CACHES  # shared between cells: the rest
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    Job,
+    launch,
+    LAUNCHERS,
+    WORKER,
+)
 
-WORKER = str(ROOT / "test" / "inductor" / "collective_job_worker.py")
+# Shared between cells: the rest.
+from torch.testing._internal.distributed.collective_autotuning_utils import (
+    DECISION_CACHES,
+)
+
 WINNER = "rs_ag"  # what the worker's ranks run whenever they benchmark
 # Where a launch that failed or ran another implementation leaves its ranks'
 # reports and output, which the job's temporary directory does not keep.
@@ -104,7 +111,7 @@ def run_cell(
         job = launch(
             launcher,
             nproc,
-            [WORKER, *extra],
+            [*WORKER, *extra],
             root / "out",
             env=env,
             timeout=args.timeout,
@@ -122,7 +129,7 @@ def run_cell(
     other = launch(
         launcher,
         5 - nproc,
-        [WORKER],
+        [*WORKER],
         root / "out",
         env=env,
         timeout=args.timeout,

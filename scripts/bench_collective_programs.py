@@ -51,8 +51,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import launch_ranks, private_cache_dir
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    launch_ranks,
+    private_cache_dir,
+)
 
 PROGRAMS = {
     "static": "static",

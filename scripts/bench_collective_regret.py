@@ -82,8 +82,10 @@ import time
 from fractions import Fraction
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import private_cache_dir, rank_env
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    private_cache_dir,
+    rank_env,
+)
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 

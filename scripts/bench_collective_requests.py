@@ -21,14 +21,14 @@ import collections
 import json
 import os
 import statistics
-import sys
 from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "test" / "inductor"))
-from collective_jobs import launch_ranks, private_cache_dir
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    launch_ranks,
+    private_cache_dir,
+)
 
 
 # --- worker (one process per rank) --------------------------------------------------
@@ -43,8 +43,7 @@ def worker(args: argparse.Namespace) -> None:
     )
     from torch._inductor.runtime.collective_benchmarking import decision_cache
     from torch.distributed.distributed_c10d import _resolve_process_group
-
-    from counting_store import CountingStore
+    from torch.testing._internal.distributed.counting_store import CountingStore
 
     funcol = torch.ops._c10d_functional
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Jobs on Inductor's remote caches (a real Redis server), as a new user runs them: a table of how each ended.
 
-Each job is ``test/inductor/collective_job_worker.py`` (an autotuned
+Each job is ``collective_autotuning_jobs.WORKER`` (an autotuned
 all_reduce whose winner is ``rs_ag``, ``collective_benchmark_timeout`` 10 s)
 launched as two torchrun "nodes" on loopback, each on a fresh local cache
 directory (nothing shared between jobs but the server, as on new nodes:
@@ -27,17 +27,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import busy_machine, Job, launch
-from redis_server import missing, RedisServer
-
-
-WORKER = str(
-    Path(__file__).resolve().parents[1]
-    / "test"
-    / "inductor"
-    / "collective_job_worker.py"
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    busy_machine,
+    Job,
+    launch,
+    WORKER,
 )
+from torch.testing._internal.distributed.redis_server import missing, RedisServer
 
 
 def run_job(
@@ -58,7 +54,7 @@ def run_job(
     ]
     with busy_machine(busy):
         return launch(
-            "torchrun_nodes", world_size, [WORKER], root / "out", node_envs=node_envs,
+            "torchrun_nodes", world_size, [*WORKER], root / "out", node_envs=node_envs,
             timeout=900,
         )  # fmt: skip
 

@@ -27,11 +27,6 @@ import argparse
 import signal
 import subprocess
 import sys
-from pathlib import Path
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import rank_env
 
 
 COLLECTIVES = (
@@ -84,6 +79,9 @@ def main() -> None:
         rank_main(args.rank_of, args.numel)
         return
     import torch
+
+    # The ranks run this file too, possibly on a torch without the stack.
+    from torch.testing._internal.distributed.collective_autotuning_jobs import rank_env
 
     if not torch.cuda.is_available():
         raise SystemExit("this reproduction needs a GPU (CUDA tensors on gloo)")

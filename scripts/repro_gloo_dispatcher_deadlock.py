@@ -32,11 +32,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import rank_env
 
 
 def rank_main(args) -> None:
@@ -168,6 +163,9 @@ def launch_trial(
     is killed.  ``cwd`` is where the ranks run (and where a crashing rank
     leaves its core file, with ``kernel.core_pattern`` at its default).
     """
+    # The ranks run this file too, possibly on a torch without the stack.
+    from torch.testing._internal.distributed.collective_autotuning_jobs import rank_env
+
     env = rank_env(nproc)
     procs = [
         subprocess.Popen(

@@ -1,6 +1,6 @@
 """A gloo job that exits without ``destroy_process_group()`` can abort: upstream's, stack or not.
 
-Launches a minimal job many times, ``srun`` style (``scripts/collective_jobs.py``:
+Launches a minimal job many times, ``srun`` style (``collective_autotuning_jobs.launch``:
 one process per rank, rank 0 hosts the store): each rank joins a gloo process
 group from the environment, runs one functional collective twice
 (``torch.ops._c10d_functional``, waited for, checked) and ends.  Nothing of
@@ -36,19 +36,14 @@ import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-from collective_jobs import launch
-
 
 COLLECTIVES = ("all_reduce", "all_gather_into_tensor")
 # How a rank ends: destroy_process_group(), the interpreter's exit at once, or
-# that exit SETTLE_S after the last collective (collective_job_worker.py's
+# that exit SETTLE_S after the last collective (collective_autotuning_job_worker's
 # SETTLE_S, which its launch tests use).
 EXITS = {
     "destroy": "destroy_process_group()",
@@ -83,6 +78,9 @@ def rank_program(collective: str, how: str) -> None:
 
 def cell(collective: str, how: str, args: argparse.Namespace, out: str) -> str:
     """``args.launches`` launches of one program; its row of the table."""
+    # The ranks run this file too, possibly on a torch without the stack.
+    from torch.testing._internal.distributed.collective_autotuning_jobs import launch
+
     paths = (args.pythonpath, os.environ.get("PYTHONPATH", ""))
     env = {"PYTHONPATH": os.pathsep.join(path for path in paths if path)}
     program = [__file__, "--rank", collective, "--how", how]
@@ -113,7 +111,7 @@ def main() -> None:
     parser.add_argument("--exits", default=",".join(EXITS))
     parser.add_argument("--rank", choices=COLLECTIVES, help=argparse.SUPPRESS)
     parser.add_argument("--how", choices=EXITS, help=argparse.SUPPRESS)
-    parser.add_argument("--out", help=argparse.SUPPRESS)  # collective_jobs passes it
+    parser.add_argument("--out", help=argparse.SUPPRESS)  # launch passes it
     args = parser.parse_args()
     if args.rank:
         rank_program(args.rank, args.how)

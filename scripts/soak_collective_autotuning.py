@@ -48,8 +48,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from collective_jobs import private_cache_dir, rank_env
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    private_cache_dir,
+    rank_env,
+)
 
 
 if TYPE_CHECKING:

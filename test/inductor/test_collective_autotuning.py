@@ -30,8 +30,9 @@ fails on one rank.
 
 A default that fails tunes nothing: every rank runs the default, and the
 group's rank 0 warns, naming each candidate's error; with
-``collective_benchmark_strict`` (which ``conftest.py`` sets for every test)
-the compile fails on every rank, the group still in step.  No log names
+``collective_benchmark_strict`` (on in every class that asserts a winner,
+``@config.patch``, in its rank processes too) the compile fails on every
+rank, the group still in step.  No log names
 another winner than the one taken.  ``TestCollectiveBareInit2RanksV1`` and
 ``...3RanksV2`` run jobs whose group was made by ``init_process_group()``
 without a backend: the known winner, and a candidate raising on one rank
@@ -70,6 +71,7 @@ import torch
 import torch.distributed as dist
 import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
+from torch._inductor import config
 from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
@@ -78,8 +80,7 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.distributed_c10d import _resolve_process_group
 from torch.testing._internal.common_utils import run_tests
-
-from rank_processes import (
+from torch.testing._internal.distributed.collective_autotuning_utils import (
     RankProcessesTestCase,
     SpawnedRanksTestCase,
 )
@@ -439,6 +440,20 @@ def tuning_config(defer: bool, **patches):
             **patches,
         }
     )
+
+
+@config.patch(collective_benchmark_strict=True)
+class StrictRankProcessesTestCase(RankProcessesTestCase):
+    """Rank processes in which an op that tunes nothing fails its compile.
+
+    For the classes that assert a winner: none passes by running the default
+    because no candidate could be tuned.  Not a test class of its own.
+    """
+
+
+@config.patch(collective_benchmark_strict=True)
+class StrictSpawnedRanksTestCase(SpawnedRanksTestCase):
+    """Per-test rank processes in which an op that tunes nothing fails its compile."""
 
 
 class AutotuningTestMixin:
@@ -1046,12 +1061,14 @@ class CollectiveAutotuningGroupsTests(AutotuningTestMixin):
         )
 
 
+@config.patch(collective_benchmark_strict=True)
 class CollectiveAutotuningGroupsTestV1(
     CollectiveAutotuningGroupsTests, RankProcessesTestCase
 ):
     DEFER = False
 
 
+@config.patch(collective_benchmark_strict=True)
 class CollectiveAutotuningGroupsTestV2(
     CollectiveAutotuningGroupsTests, RankProcessesTestCase
 ):
@@ -1106,19 +1123,19 @@ for _world_size in (2, 3, 4):
                 _name = f"TestCollectiveAutotuning{_world_size}Ranks{_label}{_path}"
                 globals()[_name] = type(
                     _name,
-                    (CollectiveAutotuningTests, RankProcessesTestCase),
+                    (CollectiveAutotuningTests, StrictRankProcessesTestCase),
                     _attributes,
                 )
             if _backend == "gloo" and (_world_size, _defer) in ((2, False), (3, True)):
                 _name = f"TestCollectiveBareInit{_world_size}Ranks{_path}"
                 globals()[_name] = type(
-                    _name, (BareInitTests, RankProcessesTestCase), _attributes
+                    _name, (BareInitTests, StrictRankProcessesTestCase), _attributes
                 )
             if (_world_size, _defer) not in ((2, False), (4, True)):
                 continue
             _name = f"TestCollectiveKilledRank{_world_size}Ranks{_label}{_path}"
             globals()[_name] = type(
-                _name, (KilledRankTests, SpawnedRanksTestCase), _attributes
+                _name, (KilledRankTests, StrictSpawnedRanksTestCase), _attributes
             )
 
 

@@ -61,6 +61,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
+from torch._inductor import config
 from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
@@ -69,12 +70,12 @@ from torch._inductor.runtime.benchmarking import benchmarker
 from torch._inductor.utils import run_and_get_code
 from torch.testing import FileCheck
 from torch.testing._internal.common_utils import run_tests
-
-from rank_processes import (
+from torch.testing._internal.distributed.collective_autotuning_utils import (
     forget_remembered_decisions,
     OneRankGlooTestCase,
     RankProcessesTestCase,
 )
+
 from test_collective_autotuning import (
     DELAY_MS,
     HANG_BOUND_S,
@@ -168,6 +169,7 @@ def forget_decisions() -> None:
     shutil.rmtree(os.path.join(cache_dir(), "collective_decisions"), ignore_errors=True)
 
 
+@config.patch(collective_benchmark_strict=True)
 class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
     WORLD_SIZE = 2
     TIMEOUT_S = 10.0
@@ -501,6 +503,7 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
         self.assertLess(time.monotonic() - start, HANG_BOUND_S)
 
 
+@config.patch(collective_benchmark_strict=True)
 class BenchmarkBuffersTest(OneRankGlooTestCase):
     """V2 frees a group's benchmark buffers when its session ends, on one gloo rank."""
 

@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
+from torch._inductor import config
 from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
@@ -65,8 +66,11 @@ from torch._inductor.runtime.collective_benchmarking.benchmarker import (
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.testing._internal.distributed.collective_autotuning_utils import (
+    DECISION_CACHES,
+    SpawnedRanksTestCase,
+)
 
-from rank_processes import DECISION_CACHES, SpawnedRanksTestCase
 from test_collective_autotuning import (
     COLS,
     DELAY_MS,
@@ -106,6 +110,7 @@ def restart() -> None:
     counters.clear()
 
 
+@config.patch(collective_benchmark_strict=True)
 class CollectiveCachesTest(SpawnedRanksTestCase):
     WORLD_SIZE = 2
 
@@ -254,6 +259,7 @@ class CollectiveCachesTest(SpawnedRanksTestCase):
         dist.destroy_process_group()
 
 
+@config.patch(collective_benchmark_strict=True)
 class RecompileTest(SpawnedRanksTestCase):
     WORLD_SIZE = 2
 

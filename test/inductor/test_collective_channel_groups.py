@@ -66,8 +66,9 @@ from torch.testing._internal.common_utils import (
     run_tests,
     TestCase,
 )
-
-from rank_processes import one_rank_file_store
+from torch.testing._internal.distributed.collective_autotuning_utils import (
+    one_rank_file_store,
+)
 
 CPU = torch.device("cpu")
 TIMEOUT = timedelta(seconds=5)

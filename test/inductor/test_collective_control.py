@@ -36,13 +36,12 @@ from torch._inductor.kernel.custom_op import (
 )
 from torch._inductor.runtime.collective_benchmarking import channels, types
 from torch.testing._internal.common_utils import run_tests
-
-from counting_store import CountingStore
-from rank_processes import (
-    RankProcessesTestCase,
+from torch.testing._internal.distributed.counting_store import CountingStore
+from torch.testing._internal.distributed.collective_autotuning_utils import (
     tcp_store_through,
     use_rank_cache_dir,
 )
+
 from test_collective_autotuning import (
     all_reduce_direct,
     all_reduce_op,
@@ -52,6 +51,7 @@ from test_collective_autotuning import (
     RAN,
     ROWS,
     SLOW_MS,
+    StrictRankProcessesTestCase,
     tuning_config,
 )
 
@@ -166,7 +166,7 @@ for _world_size in (2, 3):
     _name = f"CollectiveControlPlane{_world_size}RanksTest"
     globals()[_name] = type(
         _name,
-        (ControlPlaneTests, RankProcessesTestCase),
+        (ControlPlaneTests, StrictRankProcessesTestCase),
         {"WORLD_SIZE": _world_size, "__module__": __name__},
     )
 

@@ -43,7 +43,6 @@ from torch._inductor.kernel.custom_op import (
 from torch._inductor.utils import run_and_get_code
 from torch.testing._internal.common_utils import run_tests
 
-from rank_processes import RankProcessesTestCase
 from test_collective_autotuning import (
     _expected,
     _group_name,
@@ -58,8 +57,10 @@ from test_collective_autotuning import (
     probe,
     SLOW_DEFAULT_MS,
     SLOW_MS,
+    StrictRankProcessesTestCase,
     tuning_config,
 )
+
 from test_collective_implementations import (
     _expected as _library_expected,
     _inputs as _library_inputs,
@@ -254,7 +255,7 @@ def _classes() -> None:
                 cls_name = f"TestCollectiveCuda{name}{ranks}{path}"
                 globals()[cls_name] = type(
                     cls_name,
-                    (CudaTests, RankProcessesTestCase),
+                    (CudaTests, StrictRankProcessesTestCase),
                     {
                         **settings,
                         "WORLD_SIZE": size,

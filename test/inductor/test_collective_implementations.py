@@ -37,6 +37,7 @@ import types
 
 import torch
 import torch.distributed as dist
+from torch._inductor import config
 from torch._inductor.kernel.collective_implementations import (
     IMPLEMENTATIONS,
     register_collective_implementations,
@@ -49,11 +50,15 @@ from torch._inductor.utils import run_and_get_code
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.distributed.collective_autotuning_utils import (
+    OneRankGlooTestCase,
+    RankProcessesTestCase,
+)
 
-from rank_processes import OneRankGlooTestCase, RankProcessesTestCase
 from test_collective_autotuning import (
     DELAY_MS,
     SLOW_MS,
+    StrictRankProcessesTestCase,
     clear_probes,
     probe,
     tuning_config,
@@ -151,11 +156,12 @@ for _world_size in (2, 3, 4):
     _name = f"CollectiveImplementations{_world_size}RanksTest"
     globals()[_name] = type(
         _name,
-        (ImplementationTests, RankProcessesTestCase),
+        (ImplementationTests, StrictRankProcessesTestCase),
         {"WORLD_SIZE": _world_size, "__module__": __name__},
     )
 
 
+@config.patch(collective_benchmark_strict=True)
 class CompiledImplementationsTest(RankProcessesTestCase):
     WORLD_SIZE = 2
 

@@ -40,7 +40,6 @@ from torch._inductor.kernel.custom_op import (
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
 
-from rank_processes import RankProcessesTestCase
 from test_collective_autotuning import (
     all_reduce_direct,
     all_reduce_op,
@@ -50,6 +49,7 @@ from test_collective_autotuning import (
     DELAY_MS,
     RAN,
     SLOW_MS,
+    StrictRankProcessesTestCase,
     tuning_config,
 )
 
@@ -192,7 +192,7 @@ for _world_size, _path, _defer in ((2, "V2", True), (3, "V1", False)):
     _name = f"TestCollectiveInductorPasses{_world_size}Ranks{_path}"
     globals()[_name] = type(
         _name,
-        (InductorPassesTests, RankProcessesTestCase),
+        (InductorPassesTests, StrictRankProcessesTestCase),
         {"WORLD_SIZE": _world_size, "DEFER": _defer, "__module__": __name__},
     )
 

@@ -33,8 +33,9 @@ from torch._inductor.runtime.collective_benchmarking import (
     types as ct,
 )
 from torch.testing._internal.common_utils import TestCase, run_tests
-
-from rank_processes import OneRankGlooTestCase
+from torch.testing._internal.distributed.collective_autotuning_utils import (
+    OneRankGlooTestCase,
+)
 
 CONFIG = ct.CollectiveBenchmarkConfig(timeout=timedelta(seconds=5), nwarmup=1, nruns=3)
 OK, DESYNCHRONIZED = cd.CandidateStatus.OK, cd.CandidateStatus.DESYNCHRONIZED

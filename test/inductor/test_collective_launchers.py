@@ -2,10 +2,10 @@
 
 The other multi-rank tests run under a harness that hosts the store in a
 process of its own and gives every test a cache directory; users' jobs do
-neither.  Here ``collective_job_worker.py`` (an autotuned all_reduce whose
-winner is known, ``rs_ag``) runs as a job under each launcher of
-``scripts/collective_jobs.py``, its process group initialized as torchrun's
-examples do, without naming a backend (c10d picks gloo for CPU tensors), with
+neither.  Here ``collective_autotuning_jobs.WORKER`` (an autotuned all_reduce
+whose winner is known, ``rs_ag``; ``collective_benchmark_strict`` on) runs as
+a job under each launcher of ``collective_autotuning_jobs.launch``, its
+process group initialized as torchrun's examples do, without naming a backend (c10d picks gloo for CPU tensors), with
 one Inductor cache directory for the job, as on one machine:
 
 * ``torchrun`` (``--standalone``: its agent hosts the store), ``torchrun_nodes``
@@ -44,19 +44,23 @@ are not), which keeps it to a few minutes.
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    Job,
+    launch,
+    WORKER,
+)
+from torch.testing._internal.distributed.collective_autotuning_utils import (
+    DECISION_CACHES,
+)
 
-from rank_processes import DECISION_CACHES
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from collective_jobs import Job, launch
-
-
-WORKER = str(Path(__file__).resolve().parent / "collective_job_worker.py")
+# The launched jobs' Inductor setting (their processes are not this one's):
+# a job that tuned nothing fails, and cannot pass by running the default.
+STRICT = {"TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT": "1"}
 WINNER = "rs_ag"
 # Only a hang comes near it.
 LAUNCH_TIMEOUT_S = 300.0
@@ -86,9 +90,9 @@ class LaunchedJobsTest(TestCase):
         job = launch(
             launcher,
             world_size,
-            [WORKER, "--bare-init", *args],
+            [*WORKER, "--bare-init", *args],
             self.root / "out",
-            env={"TORCHINDUCTOR_CACHE_DIR": str(cache)},
+            env={"TORCHINDUCTOR_CACHE_DIR": str(cache), **STRICT},
             timeout=LAUNCH_TIMEOUT_S,
         )
         self.assertFalse(job.timed_out, job.log_tail())

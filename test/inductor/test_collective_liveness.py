@@ -35,7 +35,6 @@ from torch._inductor.kernel.custom_op import (
 )
 from torch.testing._internal.common_utils import run_tests
 
-from rank_processes import RankProcessesTestCase
 from test_collective_autotuning import (
     BOUND_SLACK_S,
     CALLED_AT,
@@ -50,6 +49,7 @@ from test_collective_autotuning import (
     COLS,
     SLOW_DEFAULT_MS,
     SLOW_MS,
+    StrictRankProcessesTestCase,
     _expected,
     all_reduce_candidate,
     all_reduce_op,
@@ -167,7 +167,7 @@ for _world_size in (2, 4):
     _tests = StragglerTests if _world_size == 4 else LivenessTests
     globals()[_name] = type(
         _name,
-        (_tests, RankProcessesTestCase),
+        (_tests, StrictRankProcessesTestCase),
         {"WORLD_SIZE": _world_size, "__module__": __name__},
     )
 

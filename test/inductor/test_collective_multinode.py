@@ -1,8 +1,9 @@
 """Two nodes on loopback under torchrun, one Inductor cache directory per node.
 
 What this checks: two torchrun launches (``--nnodes 2``, 2 ranks each, c10d
-rendezvous) run ``collective_job_worker.py``, which compiles an autotuned
-all_reduce with Inductor's caches at their defaults, three times, then one
+rendezvous) run ``collective_autotuning_jobs.WORKER``, which compiles an
+autotuned all_reduce with Inductor's caches at their defaults
+(``collective_benchmark_strict`` on), three times, then one
 node alone:
 
 * cold start: both caches empty; the four ranks benchmark together;
@@ -25,16 +26,19 @@ first call (the only thing it waits for is another rank's compilation).
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 from torch.testing._internal.common_utils import TestCase, run_tests
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    launch,
+    WORKER,
+)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from collective_jobs import launch
 
-WORKER = str(Path(__file__).resolve().parent / "collective_job_worker.py")
+# The launched jobs' Inductor setting (their processes are not this one's):
+# a job that tuned nothing fails, and cannot pass by running the default.
+STRICT = {"TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT": "1"}
 
 
 class TwoNodeCachesTest(TestCase):
@@ -43,8 +47,9 @@ class TwoNodeCachesTest(TestCase):
         job = launch(
             "torchrun_nodes" if len(caches) == 2 else "torchrun",
             2 * len(caches),
-            [WORKER, "--rank-dependent"],
+            [*WORKER, "--rank-dependent"],
             out,
+            env=STRICT,
             node_envs=[
                 {"NODE_TAG": node, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
                 for node, cache in caches.items()

@@ -1,9 +1,9 @@
 """Collective autotuning in the tools people read: tlparse, chromium events, compile metrics.
 
 What this checks, on a job of 2 gloo ranks launched srun-style (the user's
-job of ``collective_job_worker.py``: an autotuned all_reduce whose fast
-implementation is ``rs_ag``), with ``TORCH_TRACE`` set and Inductor's caches
-on, one cache directory for the job as on one host.  Each rank's trace is
+job of ``collective_autotuning_jobs.WORKER``: an autotuned all_reduce whose
+fast implementation is ``rs_ag``), with ``TORCH_TRACE`` set, Inductor's caches
+on and ``collective_benchmark_strict``, one cache directory for the job as on one host.  Each rank's trace is
 parsed by the real tlparse (installed by ``scripts/bootstrap.sh``):
 
 * the first launch benchmarks.  Each rank's report holds one
@@ -41,12 +41,15 @@ from torch._inductor.runtime.collective_benchmarking.reporting import (
     explain,
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    launch,
+    WORKER,
+)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from collective_jobs import launch
 
-
-WORKER = str(Path(__file__).resolve().parent / "collective_job_worker.py")
+# The launched jobs' Inductor setting (their processes are not this one's):
+# a job that tuned nothing fails, and cannot pass by running the default.
+STRICT = {"TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT": "1"}
 TLPARSE = shutil.which(
     "tlparse", path=str(Path(sys.executable).parent)
 ) or shutil.which("tlparse")
@@ -135,10 +138,11 @@ class TraceTest(TestCase):
             job = launch(
                 "srun",
                 2,
-                [WORKER],
+                [*WORKER],
                 cls.root / f"out-{name.replace(' ', '-')}",
                 env={
                     **env,
+                    **STRICT,
                     "TORCH_TRACE": str(trace),
                     "TORCHINDUCTOR_CACHE_DIR": cache,
                     "PYTHONWARNINGS": "ignore",

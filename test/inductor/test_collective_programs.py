@@ -36,7 +36,11 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from rank_processes import RankProcessesTestCase
+from torch._inductor import config
+from torch.testing._internal.distributed.collective_autotuning_utils import (
+    RankProcessesTestCase,
+)
+
 from test_collective_autotuning import (
     _group,
     _group_name,
@@ -178,6 +182,7 @@ def _input(rank: int, rows: int) -> torch.Tensor:
     return values.view(rows, COLS)
 
 
+@config.patch(collective_benchmark_strict=True)
 class CollectiveProgramsTestBase(RankProcessesTestCase):
     # torch._inductor.config.defer_collective_autotuning: V2 (True) or V1.
     DEFER = True

@@ -38,8 +38,10 @@ from torch._inductor.runtime.collective_benchmarking.benchmarker import (
 )
 from torch._inductor.runtime.collective_benchmarking.session import SessionRun
 from torch.testing._internal.common_utils import TestCase, run_tests
-
-from rank_processes import one_rank_file_store, RankProcessesTestCase
+from torch.testing._internal.distributed.collective_autotuning_utils import (
+    one_rank_file_store,
+    RankProcessesTestCase,
+)
 
 Status = cd.CandidateStatus
 c10d = torch.ops._c10d_functional

@@ -1,12 +1,13 @@
 """Caches that a cluster shares: Inductor's remote caches on a real Redis server, and one cache directory for two nodes.
 
-What this checks.  ``collective_job_worker.py`` (an autotuned all_reduce
-whose winner, ``rs_ag``, is known; ``collective_benchmark_timeout`` of 10 s)
+What this checks.  ``collective_autotuning_jobs.WORKER`` (an autotuned
+all_reduce whose winner, ``rs_ag``, is known; ``collective_benchmark_timeout``
+of 10 s; ``collective_benchmark_strict`` on)
 runs as jobs of two torchrun "nodes" on loopback, with a fresh local cache
 directory per node in every job, as on new nodes.  Nodes that use the remote
 caches turn on both of Inductor's (``TORCHINDUCTOR_FX_GRAPH_REMOTE_CACHE`` and
 ``TORCHINDUCTOR_AUTOGRAD_REMOTE_CACHE``) against Debian's ``redis-server`` on
-a loopback port (``scripts/redis_server.py``); a node that does not stands
+a loopback port (``torch.testing._internal.distributed.redis_server``); a node that does not stands
 for a node without the variable set, a remote ``get`` that failed, or an
 entry written between two ranks' lookups.  At 2 and 3 ranks:
 
@@ -50,16 +51,26 @@ import unittest
 from pathlib import Path
 
 from torch.testing._internal.common_utils import run_tests, TestCase
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    busy_machine,
+    Job,
+    launch,
+    WORKER,
+    WORKER_TIMEOUT_S as TIMEOUT_S,
+)
+from torch.testing._internal.distributed.collective_autotuning_utils import (
+    DECISION_CACHES,
+)
+from torch.testing._internal.distributed.redis_server import (
+    FaultyProxy,
+    missing,
+    RedisServer,
+)
 
-from collective_job_worker import TIMEOUT_S
-from rank_processes import DECISION_CACHES
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-from collective_jobs import busy_machine, Job, launch
-from redis_server import FaultyProxy, missing, RedisServer
-
-
-WORKER = str(Path(__file__).resolve().parent / "collective_job_worker.py")
+# The launched jobs' Inductor setting (their processes are not this one's):
+# a job that tuned nothing fails, and cannot pass by running the default.
+STRICT = {"TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT": "1"}
 WINNER = "rs_ag"
 # Only a hang comes near it.
 LAUNCH_TIMEOUT_S = 300.0
@@ -108,8 +119,9 @@ class _JobsTestCase(TestCase):
         job = launch(
             "torchrun_nodes",
             world_size,
-            [WORKER],
+            [*WORKER],
             self.root / f"out-{self.launches}",
+            env=STRICT,
             node_envs=[
                 {"NODE_TAG": node, **env}
                 for node, env in zip(NODES, node_envs, strict=True)

@@ -2,7 +2,7 @@
 
 The benchmarks, soaks and repros are not run by the suite (they take minutes
 to hours), but they import shared helpers from each other and from
-``test/inductor``; a helper moved or renamed must not leave a script that
+``torch.testing._internal``; a helper moved or renamed must not leave a script that
 fails at its first line.  ``--help`` imports the script's modules and parses
 its arguments, and runs nothing else.
 """
@@ -15,12 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPTS = sorted(
-    path
-    for path in (Path(__file__).resolve().parents[2] / "scripts").glob("*.py")
-    # Modules of helpers, not programs.
-    if path.name not in {"collective_jobs.py", "redis_server.py"}
-)
+SCRIPTS = sorted((Path(__file__).resolve().parents[2] / "scripts").glob("*.py"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)

@@ -17,8 +17,7 @@ cache does on a real cluster:
   a connection error; every later request is refused).
 
 :func:`missing` says what a test needs and does not have, for its skip
-message.  Used by ``test/inductor/test_collective_shared_caches.py`` and
-``scripts/bench_collective_shared_caches.py``.
+message.
 """
 
 from __future__ import annotations
@@ -31,7 +30,9 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Self
+from typing import Any
+
+from typing_extensions import Self
 
 
 # Inductor's remote caches: compiled programs, and AOTAutograd's entries.
@@ -46,7 +47,7 @@ _CHUNK = 1 << 16
 
 
 def missing() -> str | None:
-    """What the shared-cache tests lack on this machine, or None (``bootstrap.sh`` installs both)."""
+    """What a test of the remote caches lacks on this machine, or None."""
     lacking = []
     if shutil.which("redis-server") is None:
         lacking.append("redis-server (Debian: apt-get install redis-server)")
@@ -95,7 +96,9 @@ class RedisServer:
                     raise
             time.sleep(0.05)
 
-    def client(self):  # redis.Redis; the module is imported only where it exists
+    def client(self) -> Any:
+        """A ``redis.Redis`` client of the server."""
+        # Imported here: the module exists only where the tests can run.
         import redis
 
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=10)
@@ -120,6 +123,7 @@ class RedisServer:
             self.process.wait()
 
     def stop(self) -> None:
+        """Kill the server and forget it."""
         self.kill()
         self.process = None
 
@@ -154,6 +158,7 @@ class FaultyProxy:
         self.stop()
 
     def stop(self) -> None:
+        """Stop proxying: close the listener and every connection."""
         self._stopped.set()
         for sock in [self._listener, *self._sockets]:
             with contextlib.suppress(OSError):

@@ -1,10 +1,12 @@
 """A user's job with an autotuned collective op: one rank of it, under any launcher.
 
-Launched as users launch jobs (``scripts/collective_jobs.py``: torchrun,
-torchrun as two nodes, ``torch.multiprocessing.spawn``, or processes started
-directly with ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set, as
-``srun`` does); joins the process group from the environment (``env://``),
-compiles an autotuned all_reduce with Inductor's caches at their defaults
+Run as ``python -m torch.testing._internal.distributed.collective_autotuning_job_worker``
+(``collective_autotuning_jobs.WORKER``), launched as users launch jobs
+(``collective_autotuning_jobs.launch``: torchrun, torchrun as two nodes,
+``torch.multiprocessing.spawn``, or processes started directly with
+``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` set, as ``srun``
+does).  Joins the process group from the environment (``env://``), compiles
+an autotuned all_reduce with Inductor's caches at their defaults
 (``TORCHINDUCTOR_CACHE_DIR`` is the job's), and writes ``<out>/rank<r>.json``:
 the implementation that ran after compiling, whether the result was exact,
 the first call's seconds, the FX graph and AOTAutograd caches' hits and
@@ -12,9 +14,11 @@ misses (local and remote alike), and the collective autotuning counters.
 Every implementation but ``rs_ag`` is slowed down, so ``rs_ag`` wins whenever
 the op is benchmarked.  ``--rank-dependent`` adds ``own_shard`` and makes it
 the winner: it traces this rank's index and the world size into the program
-(``dist.get_rank()`` and ``dist.get_world_size()`` read while traced, as
-upstream's tests do), so a program compiled on another rank gathers the wrong
-shard and one compiled at another world size fails.
+(``dist.get_rank()`` and ``dist.get_world_size()`` read while traced), so a
+program compiled on another rank gathers the wrong shard and one compiled at
+another world size fails.  Inductor's settings other than the benchmark's
+runs and timeout come from the environment (``TORCHINDUCTOR_*``), as in a
+user's job.
 
 ``--bare-init`` initializes the process group as torchrun's examples do,
 ``init_process_group()`` without a backend (c10d picks one per device type);
@@ -29,9 +33,9 @@ R's own code raise after tuning (its report written first).  A rank that
 leaves its process group to the interpreter's exit waits ``SETTLE_S`` first,
 unless ``--no-settle``: a gloo worker thread that releases the job's last
 collective once the interpreter finalizes aborts the process ("terminate
-called without an active exception", pytorch/pytorch#190489), stack or not
-(``scripts/repro_gloo_exit_abort.py``), and the launch tests check the
-stack's exit, not that race.
+called without an active exception"), whatever the job compiled, and the
+launch tests check the job's exit, not that race.  ``--stall-s S`` makes the
+winner's first run stall for S seconds on every rank.
 """
 
 from __future__ import annotations
@@ -39,11 +43,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from typing import Any
 
 import torch
 import torch._inductor.config as inductor_config
@@ -54,32 +56,88 @@ from torch._inductor.kernel.custom_op import (
     CustomOpConfig,
     register_custom_op_autotuning,
 )
-
-from test_collective_autotuning import (
-    _group_name,
-    _wait,
-    COLS,
-    DELAY_MS,
-    Fault,
-    FAULTS,
-    funcol,
-    NRUNS,
-    NWARMUP,
-    probe,
-    RAN,
-    ROWS,
-    SLOW_MS,
-    all_reduce_direct,
-    all_reduce_op,
-    all_reduce_rs_ag,
+from torch.distributed.distributed_c10d import _resolve_process_group, GroupName
+from torch.testing._internal.distributed.collective_autotuning_jobs import (
+    WORKER_TIMEOUT_S,
 )
 
-TIMEOUT_S = 10.0
+
+funcol = torch.ops._c10d_functional
+
+NWARMUP = 2
+NRUNS = 5
+ROWS = 24  # divisible by every world size a job runs at
+COLS = 8
+SLOW_MS = 50.0  # far above a gloo collective, even with 4 ranks on 2 busy cores
 LINGER_S = 3.0
 SETTLE_S = 0.5  # for gloo's worker threads to release the last collective
 
+# The implementations that ran on this rank, in order; the delay that slows
+# each down; implementation -> (its run that stalls, for how many seconds).
+RAN: list[str] = []
+DELAY_MS: dict[str, float] = {}
+STALLS: dict[str, tuple[int, float]] = {}
 
-def all_reduce_own_shard(x):
+
+@torch.library.custom_op("collective_autotuning_job::probe", mutates_args=())
+def probe(x: torch.Tensor, impl: str) -> torch.Tensor:
+    """``x``, after recording that ``impl`` ran and slowing it down as asked."""
+    RAN.append(impl)
+    stall = STALLS.get(impl)
+    if stall is not None and stall[0] == RAN.count(impl):
+        time.sleep(stall[1])
+    delay = DELAY_MS.get(impl, 0.0)
+    if delay:
+        time.sleep(delay / 1e3)
+    return x.clone()
+
+
+@probe.register_fake
+def _(x: torch.Tensor, impl: str) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _group_name() -> str:
+    group = dist.group.WORLD
+    if group is None:
+        raise RuntimeError("the job's process group is not initialized")
+    return group.group_name
+
+
+def _wait(tensor: torch.Tensor) -> torch.Tensor:
+    return funcol.wait_tensor(tensor)
+
+
+@torch.library.custom_op("collective_autotuning_job::all_reduce", mutates_args=())
+def all_reduce_op(x: torch.Tensor) -> torch.Tensor:
+    """The op the job autotunes: an eager all_reduce over the default group."""
+    out = probe(x, "default")
+    # Resolved by name, as functional collectives do, so that autotuning
+    # benchmarks it on its own channel.
+    dist.all_reduce(out, group=_resolve_process_group(GroupName(_group_name())))
+    return out
+
+
+@all_reduce_op.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def all_reduce_direct(x: torch.Tensor) -> torch.Tensor:
+    """A functional all_reduce."""
+    return _wait(funcol.all_reduce(probe(x, "direct"), "sum", _group_name()))
+
+
+def all_reduce_rs_ag(x: torch.Tensor) -> torch.Tensor:
+    """A reduce_scatter, then an all_gather."""
+    world = dist.get_world_size()
+    shard = _wait(
+        funcol.reduce_scatter_tensor(probe(x, "rs_ag"), "sum", world, _group_name())
+    )
+    return _wait(funcol.all_gather_into_tensor(shard, world, _group_name()))
+
+
+def all_reduce_own_shard(x: torch.Tensor) -> torch.Tensor:
     """The sum's shard of this rank, gathered from every rank: rank-dependent code."""
     world, rank = dist.get_world_size(), dist.get_rank()
     total = _wait(funcol.all_reduce(probe(x, "own_shard"), "sum", _group_name()))
@@ -99,13 +157,15 @@ def run(args: argparse.Namespace) -> None:
         DELAY_MS["rs_ag"] = SLOW_MS
     register_custom_op_autotuning(all_reduce_op, configs=configs)
     if args.stall_s:
-        FAULTS["rs_ag"] = Fault("stall", "all", call=1, seconds=args.stall_s)
+        STALLS["rs_ag"] = (1, args.stall_s)
     x = (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * rank).view(ROWS, COLS)
-    expected = sum(
-        (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS)
-        for r in range(world)
-    )
-    report: dict = {
+    expected = torch.stack(
+        [
+            (torch.arange(ROWS * COLS, dtype=torch.float32) + 1000 * r).view(ROWS, COLS)
+            for r in range(world)
+        ]
+    ).sum(0)
+    report: dict[str, Any] = {
         "rank": rank,
         "world_size": world,
         "node": os.environ.get("NODE_TAG", ""),
@@ -114,7 +174,7 @@ def run(args: argparse.Namespace) -> None:
         with inductor_config.patch(
             collective_benchmark_nruns=NRUNS,
             inductor_default_autotune_warmup=NWARMUP,
-            collective_benchmark_timeout=TIMEOUT_S,
+            collective_benchmark_timeout=WORKER_TIMEOUT_S,
         ):
             compiled = torch.compile(lambda x: all_reduce_op(x) + 1)
             start = time.monotonic()
@@ -164,7 +224,7 @@ def backend(args: argparse.Namespace) -> str | None:
 
 
 def spawned_rank(local_rank: int, args: argparse.Namespace) -> None:
-    # mp.spawn's entry point: rank 0 hosts the store (env://, MASTER_ADDR/PORT).
+    """``mp.spawn``'s entry point: rank 0 hosts the store (env://, MASTER_ADDR/PORT)."""
     dist.init_process_group(
         backend(args), init_method="env://", rank=local_rank, world_size=args.spawn
     )
@@ -172,6 +232,7 @@ def spawned_rank(local_rank: int, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """Parse the arguments (see the module docstring), then run this rank or spawn the job."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--spawn", type=int, default=0, help="mp.spawn this many ranks")

@@ -1,32 +1,36 @@
-"""One set of rank processes per test class, as users' jobs run them.
+"""Rank processes for the tests of collective autotuning, as users' jobs run them.
 
 ``RankProcessesTestCase`` starts ``WORLD_SIZE`` rank processes once per class
 (``MultiProcContinuousTest``) and runs every test of the class in all of them:
 a class pays process start-up and ``import torch`` once, instead of once per
 test.  Each rank joins the process group through a ``TCPStore`` (what torchrun
-gives a job), found
-through the class's rendezvous file, and keeps Inductor's caches on, in a
-cache directory per rank that the run's tests share.
+gives a job), found through the class's rendezvous file, and keeps Inductor's
+caches on, in a cache directory per rank that the run's tests share.
 
-Before each test, every rank runs :meth:`reset_rank` (the test's ``setUp``
-runs in the parent process only): Dynamo is reset and the parts of the cache
-directory that hold collective decisions are emptied, because what these
-tests assert is what a compile benchmarks, which a decision taken from a
-cache skips (warm and skewed caches are ``test_collective_caches.py``'s
-subject).  A test that fails poisons its class: the remaining tests of the
-class are skipped, since its ranks may no longer be in step.
+Before each test, every rank runs :meth:`RankProcessesTestCase.reset_rank`
+(the test's ``setUp`` runs in the parent process only): Dynamo is reset and
+the parts of the cache directory that hold collective decisions are emptied,
+because what these tests assert is what a compile benchmarks, which a
+decision taken from a cache skips.  A test that fails poisons its class: the
+remaining tests of the class are skipped, since its ranks may no longer be in
+step.
 
 Tests whose point is a rank that dies, or ranks that leave a test at
 different points, use ``SpawnedRanksTestCase``: fresh processes per test
 (``MultiProcessTestCase``), each test initializing the process group itself
 (:meth:`SpawnedRanksTestCase._init_process_group`).
 
-Both run on gloo (CPU, CI); a class with ``backend = "nccl"`` runs on one GPU
-per rank and is skipped where there are not enough GPUs.  A class with
+A rank process runs its class's ``setUpClass`` before any test, as the
+parent does: a class-level fixture such as
+``@torch._inductor.config.patch(...)`` holds in every rank, where the
+tests compile.
+
+Both run on gloo (CPU); a class with ``backend = "nccl"`` runs on one GPU per
+rank and is skipped where there are not enough GPUs.  A class with
 ``bare_init`` set initializes the process group as torchrun's examples do,
 ``init_process_group()`` without a backend: c10d then picks a backend per
-device type (``cpu:gloo`` here, ``cpu:gloo,cuda:nccl`` on a GPU machine),
-and ``get_backend()`` says ``"undefined"``.
+device type (``cpu:gloo``, or ``cpu:gloo,cuda:nccl`` on a GPU machine), and
+``get_backend()`` says ``"undefined"``.
 """
 
 from __future__ import annotations
@@ -36,17 +40,34 @@ import datetime
 import os
 import shutil
 import tempfile
-
 import unittest
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
-from torch.testing._internal.common_utils import TestCase
+from torch._inductor.runtime.collective_benchmarking import decision_cache
 from torch.testing._internal.common_distributed import (
     MultiProcContinuousTest,
     MultiProcessTestCase,
 )
+from torch.testing._internal.common_utils import TestCase
+
+
+__all__ = [
+    "DECISION_CACHES",
+    "OneRankGlooTestCase",
+    "RankProcessesTestCase",
+    "SpawnedRanksTestCase",
+    "cache_root",
+    "forget_remembered_decisions",
+    "one_rank_file_store",
+    "rank_device",
+    "reset_for_a_test",
+    "skip_without_gpus",
+    "tcp_store_through",
+    "use_rank_cache_dir",
+]
 
 
 # The parts of an Inductor cache directory that can hold a collective
@@ -103,12 +124,12 @@ def one_rank_file_store(test: unittest.TestCase) -> dist.FileStore:
 class OneRankGlooTestCase(TestCase):
     """A one-rank gloo group in the test's own process, for each test."""
 
-    def setUp(self):
+    def setUp(self) -> None:
         super().setUp()
         store = one_rank_file_store(self)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 
-    def tearDown(self):
+    def tearDown(self) -> None:
         dist.destroy_process_group()
         super().tearDown()
 
@@ -138,10 +159,6 @@ def reset_for_a_test(rank: int) -> None:
 
 def forget_remembered_decisions() -> None:
     """Clear the collective decisions this process remembers (not those on disk)."""
-    try:  # a prefix of the series may not remember decisions
-        from torch._inductor.runtime.collective_benchmarking import decision_cache
-    except ImportError:
-        return
     decision_cache._remembered.clear()
     decision_cache._pre_agreed.clear()
 
@@ -165,7 +182,9 @@ class RankProcessesTestCase(MultiProcContinuousTest):
     def device_type(cls) -> str:
         return "cuda" if cls.backend == "nccl" else "cpu"
 
-    def assertRaisesRegex(self, expected_exception, expected_regex, *args, **kwargs):  # type: ignore[override]
+    def assertRaisesRegex(  # type: ignore[override]
+        self, expected_exception: Any, expected_regex: Any, *args: Any, **kwargs: Any
+    ) -> Any:
         # common_utils.TestCase.assertRaisesRegex drops the regex when
         # ``self.device_type`` is not a native device's name, and on this class
         # it is a classmethod (MultiProcContinuousTest's), never a name: every
@@ -178,11 +197,15 @@ class RankProcessesTestCase(MultiProcContinuousTest):
     def setUpClass(cls) -> None:
         skip_without_gpus(cls.backend, cls.WORLD_SIZE)
         cls.world_size = cls.WORLD_SIZE
+        if cls.rank >= 0:
+            # In a rank process (see _init_pg): the class's fixtures only.
+            super().setUpClass()
+            return
         cache_root()  # made in the parent, so that every rank shares the root
         # MultiProcContinuousTest starts its ranks with the process-wide start
         # method, and sets spawn only when none is set: once any earlier test
         # has started a process (which fixes it, to fork), the ranks would
-        # fork from pytest, inheriting its threads and compile pools.
+        # fork from the test runner, inheriting its threads and compile pools.
         torch.multiprocessing.set_start_method("spawn", force=True)
         super().setUpClass()
 
@@ -192,6 +215,10 @@ class RankProcessesTestCase(MultiProcContinuousTest):
             raise AssertionError(
                 "MultiProcContinuousTest gives every rank the rendezvous file"
             )
+        # A rank is a fresh interpreter that runs the class's tests but not
+        # its setUpClass: run it here, so that what a class-level decorator
+        # sets (a config.patch) holds where the tests compile.
+        cls.setUpClass()
         rank_device(cls.backend, rank)
         dist.init_process_group(
             None if cls.bare_init else cls.backend,
@@ -203,7 +230,7 @@ class RankProcessesTestCase(MultiProcContinuousTest):
         use_rank_cache_dir(rank)
 
     @classmethod
-    def _run_test_given_id(cls, test_id: str, **kwargs) -> None:
+    def _run_test_given_id(cls, test_id: str, **kwargs: Any) -> None:
         test = cls(test_id.rsplit(".", maxsplit=1)[-1])
         test.rank, test.world_size = cls.rank, cls.world_size
         test.reset_rank()
@@ -234,6 +261,14 @@ class SpawnedRanksTestCase(MultiProcessTestCase):
     def setUpClass(cls) -> None:
         skip_without_gpus(cls.backend, cls.WORLD_SIZE)
         super().setUpClass()
+
+    @classmethod
+    def _run(
+        cls, rank: int, test_name: str, file_name: str, parent_pipe: Any, **kwargs: Any
+    ) -> None:
+        # As RankProcessesTestCase._init_pg: the class's fixtures hold in the rank.
+        cls.setUpClass()
+        super()._run(rank, test_name, file_name, parent_pipe, **kwargs)
 
     @property
     def world_size(self) -> int:

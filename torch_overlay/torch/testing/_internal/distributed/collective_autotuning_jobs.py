@@ -14,11 +14,13 @@ Launchers (``LAUNCHERS``), each on this machine, gloo:
                   ``WORLD_SIZE``, ``LOCAL_RANK`` and ``MASTER_ADDR/PORT`` set (what
                   ``srun`` gives a job), no agent; rank 0 hosts the store
 
-A program takes ``--out DIR``, where each rank writes ``rank<r>.json``, and,
-for ``mp_spawn``, ``--spawn N``.  Used by the launch tests
-(``test/inductor/test_collective_launchers.py``, ``test_collective_multinode.py``)
-and the benchmark scripts (``launch_ranks``); ``busy_machine`` runs a job
-beside processes that spin on the CPUs.
+A program is what follows ``python`` (a script and its arguments, or ``-m``
+and a module, as :data:`WORKER`); it takes ``--out DIR``, where each rank
+writes ``rank<r>.json``, and, for ``mp_spawn``, ``--spawn N``.
+:data:`WORKER` is a job with an autotuned collective op
+(``collective_autotuning_job_worker``).  ``launch_ranks`` runs a script's
+ranks ``srun`` style; ``busy_machine`` runs a job beside processes that spin
+on the CPUs.
 """
 
 from __future__ import annotations
@@ -37,14 +39,33 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 
+__all__ = [
+    "Job",
+    "LAUNCHERS",
+    "WORKER",
+    "WORKER_TIMEOUT_S",
+    "busy_machine",
+    "free_port",
+    "launch",
+    "launch_ranks",
+    "private_cache_dir",
+    "rank_env",
+]
+
+
 LAUNCHERS = ("torchrun", "torchrun_nodes", "mp_spawn", "srun")
+# The program of a job whose ranks autotune a collective op (the arguments
+# it takes: collective_autotuning_job_worker's docstring).
+WORKER = ("-m", "torch.testing._internal.distributed.collective_autotuning_job_worker")
+# collective_benchmark_timeout in WORKER's ranks.
+WORKER_TIMEOUT_S = 10.0
 
 # How a launcher reports a rank that failed: torchrun's summary ("exitcode :
 # -6"), mp.spawn's exception ("terminated with signal SIGABRT").
@@ -53,6 +74,7 @@ _SPAWN_RANK = re.compile(r"terminated with (?:signal (SIG\w+)|exit code (\d+))")
 
 
 def free_port() -> int:
+    """A TCP port of the loopback interface that is free now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -92,11 +114,10 @@ class Job:
 
     launcher: str
     world_size: int
-    exits: list[
-        int
-    ]  # each launched process's status (an agent, the spawn parent, or a rank)
+    # each launched process's status (an agent, the spawn parent, or a rank)
+    exits: list[int]
     outputs: list[str]  # each launched process's stdout and stderr
-    reports: list[dict]  # every rank<r>.json written, in rank order
+    reports: list[dict[str, Any]]  # every rank<r>.json written, in rank order
     seconds: float
     timed_out: bool
 
@@ -121,6 +142,7 @@ class Job:
         return ended
 
     def log_tail(self, chars: int = 3000) -> str:
+        """The last ``chars`` characters of each launched process's output."""
         return "\n".join(output[-chars:] for output in self.outputs)
 
 
@@ -255,7 +277,7 @@ def launch_ranks(
     args: list[str],
     timeout: float = 1200,
     env: dict[str, str] | None = None,
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Run ``script --worker ARGS`` as ``nproc`` ranks (``srun`` style); each rank's report, in rank order.
 
     ``env`` is added to every rank's environment.  Raises RuntimeError, with
