@@ -1,6 +1,6 @@
 """What only the deferred path (V2) of collective autotuning does, on CPU/gloo.
 
-``test_collective_autotuning.py`` runs every per-op test under both paths;
+``test_collective_autotuning_ranks.py`` runs every per-op test under both paths;
 this file checks the scheduler-level behaviour
 (torch/_inductor/collective_autotuning/deferred_tuning.py):
 
@@ -76,7 +76,7 @@ from torch.testing._internal.distributed.collective_autotuning_utils import (
     RankProcessesTestCase,
 )
 
-from test_collective_autotuning import (
+from test_collective_autotuning_ranks import (
     DELAY_MS,
     HANG_BOUND_S,
     NRUNS,

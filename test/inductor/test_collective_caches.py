@@ -71,7 +71,7 @@ from torch.testing._internal.distributed.collective_autotuning_utils import (
     SpawnedRanksTestCase,
 )
 
-from test_collective_autotuning import (
+from test_collective_autotuning_ranks import (
     COLS,
     DELAY_MS,
     HANG_BOUND_S,

@@ -42,7 +42,7 @@ from torch.testing._internal.distributed.collective_autotuning_utils import (
     use_rank_cache_dir,
 )
 
-from test_collective_autotuning import (
+from test_collective_autotuning_ranks import (
     all_reduce_direct,
     all_reduce_op,
     all_reduce_rs_ag,

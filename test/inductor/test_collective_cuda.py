@@ -43,7 +43,7 @@ from torch._inductor.kernel.custom_op import (
 from torch._inductor.utils import run_and_get_code
 from torch.testing._internal.common_utils import run_tests
 
-from test_collective_autotuning import (
+from test_collective_autotuning_ranks import (
     _expected,
     _group_name,
     _wait,

@@ -29,7 +29,7 @@ from torch._inductor.decomposition import select_decomp_table
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.testing._internal.common_utils import run_tests, TestCase
 
-from test_collective_autotuning import _wait, funcol, probe
+from test_collective_autotuning_ranks import _wait, funcol, probe
 
 
 class TailFusionTest(TestCase):

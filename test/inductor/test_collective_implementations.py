@@ -55,7 +55,7 @@ from torch.testing._internal.distributed.collective_autotuning_utils import (
     RankProcessesTestCase,
 )
 
-from test_collective_autotuning import (
+from test_collective_autotuning_ranks import (
     DELAY_MS,
     SLOW_MS,
     StrictRankProcessesTestCase,

@@ -40,7 +40,7 @@ from torch._inductor.kernel.custom_op import (
 )
 from torch.testing._internal.common_utils import run_tests, TestCase
 
-from test_collective_autotuning import (
+from test_collective_autotuning_ranks import (
     all_reduce_direct,
     all_reduce_op,
     all_reduce_rs_ag,

@@ -2,7 +2,7 @@
 
 What this checks, at 2 and 4 ranks (the stragglers at 4 ranks only), on
 the default path (V2; the protocol under test is the same under V1, see
-``test_collective_autotuning.py``).  A rank that does not come to a step
+``test_collective_autotuning_ranks.py``).  A rank that does not come to a step
 that needs every member is waited for up to ``collective_benchmark_max_wait``
 (it may be a straggler), then named:
 
@@ -20,7 +20,7 @@ that needs every member is waited for up to ``collective_benchmark_max_wait``
   wedge ends; the wedged rank, once back, finds that its peers gave up on
   it and raises at once.
 
-The killed-rank test stays in ``test_collective_autotuning.py``.
+The killed-rank test stays in ``test_collective_autotuning_ranks.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torch._inductor.kernel.custom_op import (
 )
 from torch.testing._internal.common_utils import run_tests
 
-from test_collective_autotuning import (
+from test_collective_autotuning_ranks import (
     BOUND_SLACK_S,
     CALLED_AT,
     DELAY_MS,

@@ -22,7 +22,7 @@ programs around an all_reduce custom op with autotuned implementations:
   instead of benchmarking collectives of different sizes.
 
 Each test asserts which implementation ran after compilation (the expected
-winner, made known by slowing the others through ``test_collective_autotuning``'s
+winner, made known by slowing the others through ``test_collective_autotuning_ranks``'s
 ``probe``), that every rank ran the same one, and the exact result, at three
 sizes or more: the one compiled for and others, in each range for the range
 test.  One compiled program serves every size of a test, except where a
@@ -41,7 +41,7 @@ from torch.testing._internal.distributed.collective_autotuning_utils import (
     RankProcessesTestCase,
 )
 
-from test_collective_autotuning import (
+from test_collective_autotuning_ranks import (
     _group,
     _group_name,
     _wait,

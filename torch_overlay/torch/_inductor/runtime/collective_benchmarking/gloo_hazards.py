@@ -48,7 +48,7 @@ def disqualified_before_running(
     stage), and the group's rank 0 warns on ``log`` (the session's).
     Positions in ``excluded`` are already out and are not looked at.
     """
-    unsafe = {}
+    unsafe: dict[tuple[int, int], CandidateResult] = {}
     for op, (_, candidates) in enumerate(plans):
         for index, candidate in enumerate(candidates):
             if (op, index) in excluded:
