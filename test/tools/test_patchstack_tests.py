@@ -95,6 +95,10 @@ def _unresolved_imports(checkout: Path, commit: str, path: str) -> list[str]:
             top = name.split(".")[0]
             if _is_stdlib(top) or (top in THIRD_PARTY and top != "torch"):
                 continue
+            # A test module beside it, in the same commit, as upstream's
+            # test files import each other.
+            if f"{path.rpartition('/')[0]}/{name.replace('.', '/')}.py" in tree_files:
+                continue
             module = name.replace(".", "/")
             if top == "torch" and (
                 f"{module}.py" in tree_files
