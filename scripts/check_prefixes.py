@@ -141,9 +141,18 @@ def check_prefix(
     # One interpreter runs the prefix's tests and then imports its modules: a
     # second one would import torch again, some 7 s per prefix on CI.
     imports = "; ".join(f"import {module}" for module in IMPORTED + modules)
+    # Every test file the prefix carries must at least be collected there,
+    # not only those its last patch's Tests: run.
+    collect = (
+        f"pytest.main(['--collect-only', '-qq', '-p', 'no:cacheprovider', {str(dest / 'test')!r}])"
+        if count
+        else "0"
+    )
     check = (
         f"import sys, torch; assert torch.__file__.startswith({str(dest)!r}); "
-        "import pytest; status = pytest.main(sys.argv[1:]) if sys.argv[1:] else 0; "
+        f"import pytest; collected = {collect}; "
+        "print('collect exit', int(collected), flush=True); "
+        "status = collected or (pytest.main(sys.argv[1:]) if sys.argv[1:] else 0); "
         f"print('tests exit', int(status), flush=True); {imports}; sys.exit(status)"
     )
     pytest_args = (
@@ -157,6 +166,8 @@ def check_prefix(
             "importing Inductor and its modules"
             if "tests exit 0" in output
             else shlex.join(tests)
+            if "collect exit 0" in output
+            else "collecting the test files it carries"
         )
         print(f"FAILED {name}: {failed}\n{output[-5000:]}")
         return False
