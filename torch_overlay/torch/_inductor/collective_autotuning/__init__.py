@@ -8,7 +8,7 @@ modules listed before it:
 * ``settings.py``: the sessions' settings, read from ``torch._inductor.config``
   and checked there.
 * ``collective_graphs.py``: the collectives a choice's graph issues, their
-  group, and how many it keeps in flight;
+  group;
 * ``choices.py``: Inductor's choices as candidates, and V1's entry point, which
   ``select_algorithm`` calls while it lowers an op;
 * ``inlining.py``: a V2 node replaced by its winner's graph;
@@ -19,4 +19,7 @@ modules listed before it:
   in one session per graph;
 * ``cache_hits.py``: cached programs that replay the sessions their compile took part
   in, so that every rank agrees on a cache hit.
+
+On gloo (fork only), ``collective_graphs.py`` also counts the collectives a
+graph keeps in flight at once.
 """

@@ -1,8 +1,10 @@
-"""What a choice's graph says of its collectives: which, on which group, how many in flight.
+"""What a choice's graph says of its collectives: which, and on which group.
 
 Read alike on every rank from the same graph, so that the join can compare
 the collectives of each candidate across ranks (a choice whose collectives
 differ between ranks is disqualified instead of desynchronizing the others).
+On gloo, also how many collectives it keeps in flight at once
+(:func:`collectives_in_flight`).
 """
 
 from __future__ import annotations

@@ -91,14 +91,14 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
     read["max_wait"] = max(read["max_wait"], read["timeout"])
     # Agreed decisions are autotuning results: stored with them, under the
     # same switch.
-    decision_dir = (
+    read["decision_dir"] = (
         os.path.join(cache_dir(), "collective_decisions")
         if config.autotune_local_cache
         else None
     )
     try:
         # The ranges are the config's own checks, reported here as the knob's.
-        return CollectiveBenchmarkConfig(decision_dir=decision_dir, **read)
+        return CollectiveBenchmarkConfig(**read)
     except InvalidBenchmarkSetting as error:
         knob = _FIELDS[error.field]
         raise ValueError(

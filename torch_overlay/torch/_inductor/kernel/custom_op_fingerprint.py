@@ -121,11 +121,6 @@ def _module_file(module: types.ModuleType | None) -> str | None:
         return None
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> bytes:
-    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes()
-
-
 def _value(value: Any, walk: _Walk) -> Any:
     """A description of ``value`` that is equal in every process where the value is."""
     if isinstance(value, _SCALARS):
@@ -139,14 +134,8 @@ def _value(value: Any, walk: _Walk) -> Any:
     if isinstance(value, (set, frozenset)):
         return ("set", tuple(sorted(repr(_value(item, walk)) for item in value)))
     if isinstance(value, dict):
-        return (
-            "dict",
-            tuple(
-                sorted(
-                    (repr(_value(k, walk)), _value(v, walk)) for k, v in value.items()
-                )
-            ),
-        )
+        items = ((repr(_value(k, walk)), _value(v, walk)) for k, v in value.items())
+        return ("dict", tuple(sorted(items)))
     if isinstance(value, torch.Tensor):
         metadata = (str(value.dtype), tuple(value.shape), str(value.device))
         if (
@@ -155,8 +144,10 @@ def _value(value: Any, walk: _Walk) -> Any:
             and not value.is_sparse
             and not value.is_quantized
         ):
+            flat = value.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
             # Bytes, not .numpy(): numpy has no bfloat16 or float8.
-            return ("tensor", metadata, hashlib.sha256(_tensor_bytes(value)).digest())
+            content = hashlib.sha256(flat.view(torch.uint8).numpy().tobytes())
+            return ("tensor", metadata, content.digest())
         return ("tensor", metadata)
     if isinstance(value, types.ModuleType):
         walk.source(_module_file(value))
@@ -289,25 +280,10 @@ def registration_fingerprint(
     show is not covered for them.
     """
     walk = _Walk()
-    described_configs = None
     if configs is not None:
-        described_configs = tuple(
-            (
-                None
-                if config.decomposition is None
-                else _callable(config.decomposition, walk),
-                _value(config.params, walk),
-                _value(config.config_patches, walk),
-            )
-            for config in configs
-        )
-    description = (
-        op_overload.name(),
-        described_configs,
-        None if config_generator is None else _callable(config_generator, walk),
-        None if default_impl is None else _callable(default_impl, walk),
-        tuple(sorted((name, _value(value, walk)) for name, value in options.items())),
-    )
+        configs = [(c.decomposition, c.params, c.config_patches) for c in configs]
+    arguments = (configs, config_generator, default_impl, options)
+    description = (op_overload.name(), _value(arguments, walk))
     if walk.sourceless:
         log.warning(
             "Custom op autotuning of %s: no source file for %s. Inductor's caches "
@@ -357,19 +333,13 @@ def _registered_calls(
     gm: torch.fx.GraphModule | None,
 ) -> Iterator[tuple[torch._ops.OpOverload, torch.fx.Node]]:
     # The calls of ops registered for autotuning in gm and its subgraphs.
-    if gm is None or not _registrations:
+    if gm is None:
         return
     for module in gm.modules():
-        if not isinstance(module, torch.fx.GraphModule):
-            continue
-        for node in module.graph.nodes:
-            target = node.target
-            if (
-                node.op == "call_function"
-                and isinstance(target, torch._ops.OpOverload)
-                and target in _registrations
-            ):
-                yield target, node
+        if isinstance(module, torch.fx.GraphModule):
+            for op in _registrations:
+                for node in module.graph.find_nodes(op="call_function", target=op):
+                    yield op, node
 
 
 def autotuning_process_groups(
@@ -406,7 +376,6 @@ def autotuning_process_groups(
     if default is None:
         return ()
     named: set[str] = set()
-    may_issue_collectives = False
     for op, node in calls:
         passed: set[str] = set()
         torch.fx.node.map_aggregate(
@@ -417,13 +386,9 @@ def autotuning_process_groups(
         if strings is not None or any(
             registered_group(name) is not None for name in passed
         ):
-            may_issue_collectives = True
+            # Not empty: strings holds what made the op count, or passed does.
             named |= passed | (strings or frozenset())
-    if not may_issue_collectives:
+    if not named:
         return ()
-    groups: dict[str, dist.ProcessGroup] = {default.group_name: default}
-    for name in named:
-        group = registered_group(name)
-        if group is not None:
-            groups[name] = group
-    return tuple(sorted(process_group_topology(group) for group in groups.values()))
+    groups = {default, *filter(None, map(registered_group, named))}
+    return tuple(sorted(process_group_topology(group) for group in groups))

@@ -6,8 +6,9 @@ rank is agreed by every rank, and no rank decides alone.
 :class:`CollectiveBenchmarker` runs a *session* over one group: the join
 (``join.py``), compiling the candidates, the runs (``session.py``) and the
 decision (``rules.py``).  The protocol, its history and its counters:
-``docs/modules.md``, "benchmarker.py" (and "Memory safety on gloo": why a
-candidate that keeps two collectives in flight never runs on gloo).
+``docs/modules.md``, "benchmarker.py".
+Why a candidate that keeps two collectives in flight never runs on gloo:
+``docs/modules.md``, "Memory safety on gloo".
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ class CollectiveBenchmarker:
         results, twins, compile_s = self._benchmark(ops, ordered, joined)
         counters["collective_autotuning"]["ops"] += len(joined.to_run)
         counters["collective_autotuning"]["recalled"] += len(ops) - len(joined.to_run)
-        decisions, sources = [], []
+        decisions = []
+        sources = []
         # Why each op that tuned nothing, or whose candidates all computed
         # something else, did: a warning, or strict's error.
         untuned: list[str] = []
@@ -244,8 +246,8 @@ class CollectiveBenchmarker:
             [_twin(candidates[0]) for candidates in plans],
         )
         # Compiled only now, and only what the group benchmarks and can run:
-        # no candidate disqualified before it runs (at the join, or unsafe
-        # on gloo: run.excluded, the same on every member)
+        # no candidate disqualified before it runs (run.excluded, on every member)
+        # (at the join, or, in this fork, as unsafe on gloo)
         to_prepare = [
             ((position, index), candidate.name, candidate.prepare)
             for position, candidates in enumerate(plans)

@@ -76,7 +76,7 @@ def disqualified_before_running(
 def _hazard(
     config: CollectiveBenchmarkConfig,
     device: torch.device,
-    backend: str,
+    backend: str | None,
     candidate: Candidate,
 ) -> str | None:
     crash = known_crash(backend, device.type, candidate.collectives)

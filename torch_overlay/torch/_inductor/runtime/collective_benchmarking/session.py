@@ -56,8 +56,9 @@ class SessionRun:
     ``plans`` holds each benchmarked op's key and its candidates in preference
     order (the default first).  ``excluded`` maps (op, candidate) positions
     to results already agreed at the join (a candidate that is not the same
-    on every member never runs); on gloo, a candidate that keeps several
-    collectives in flight never runs either (unless the config allows it).
+    on every member never runs).
+    On gloo, a candidate that keeps several collectives in flight never runs
+    either (unless the config allows it).
     A run is built before its candidates are compiled, so that no candidate
     in :attr:`excluded` (which never runs) is compiled; :meth:`ready` then
     adds those that failed to compile on any member.  ``twins`` gives,

@@ -41,7 +41,8 @@ class CollectiveBenchmarkError(RuntimeError):
     happens: when a member does not reach a step that needs every member
     within its bound (the message names the absent members), when the
     members are not tuning the same op,
-    and, under the config's ``strict``, when an op tuned nothing.
+    or when their settings differ.
+    Under the config's ``strict``, also when an op tuned nothing.
     """
 
 
@@ -141,11 +142,12 @@ class Candidate:
     of all candidates overlaps.  ``signature``
     describes the collectives ``fn`` issues (see ``collective_signature``):
     a candidate whose signature is not the same on every member is
-    disqualified at the join, without running.  ``in_flight`` is the most
-    collectives ``fn`` keeps in flight at once on one group (part of the
-    signature; see ``docs/modules.md``, "Memory safety on gloo"), and
-    ``collectives`` the collective ops its graph calls (``namespace::name``),
-    which a screen of the backend reads.
+    disqualified at the join, without running.
+    ``in_flight`` is the most collectives ``fn`` keeps in flight at once on
+    one group (part of the signature; see ``docs/modules.md``, "Memory
+    safety on gloo").
+    ``collectives`` are the collective ops its graph calls
+    (``namespace::name``), which a screen of the backend reads.
     """
 
     name: str
