@@ -23,6 +23,7 @@ from torch._dynamo.utils import counters
 from . import decision_cache
 from .channels import BenchmarkChannel
 from .decisions import CandidateResult, CollectiveDecision
+from .failures import agree_after_compiling
 from .groups import process_group_topology, resolve_group
 from .join import join, Joined
 from .reporting import (
@@ -265,7 +266,11 @@ class CollectiveBenchmarker:
             # collective, bounded by the timeout, must not wait for them.
             # What failed to compile on any member is out before it runs.
             with timed("ready", "presync", **metadata):
-                run.ready(prepare_errors, self.config.max_wait)
+                run.excluded.update(
+                    agree_after_compiling(
+                        self.channel, run.plans, prepare_errors, self.config.max_wait
+                    )
+                )
         results = run.run() if plans else []
         return results, run.twin_results, compile_s
 
@@ -350,7 +355,7 @@ def _prepare(
     # position in the session: start every candidate's compilation, then
     # wait for what each left running (kernel builds, which overlap each
     # other and the next candidates' lowering).  Returns the positions that
-    # failed, with their errors (SessionRun.ready disqualifies them).
+    # failed, with their errors (agree_after_compiling disqualifies them).
     failed: dict[tuple[int, int], BaseException] = {}
 
     def attempt(position: tuple[int, int], name: str, step: Callable[[], Any]) -> Any:

@@ -32,18 +32,20 @@ from typing import Any, TYPE_CHECKING
 from torch._dynamo.utils import counters
 from torch._logging import trace_structured
 
-from .decisions import CandidateResult, CandidateStatus, CollectiveDecision
-from .groups import warn_from_group_rank0
-from .rules import (
-    compare_with_default,
-    every_candidate_wrong,
-    tuned_nothing,
+from .decisions import (
+    CandidateResult,
+    CandidateStatus,
+    CollectiveDecision,
     worth_storing,
 )
+from .groups import warn_from_group_rank0
+from .rules import compare_with_default, every_candidate_wrong, tuned_nothing
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from .rules import PairedComparison
 
 
 __all__ = [
@@ -152,9 +154,9 @@ def explain(
     :func:`~.rules.beats_default` compares them (``confidence`` is the
     session's).  A pure function of agreed data: the same on every rank.
     """
-    reference = _reference(decision, default)
     notes = []
-    for result in decision.results:
+    compared = _paired(decision, default)
+    for result, paired in zip(decision.results, compared, strict=True):
         if result.status is not CandidateStatus.OK:
             ranks = _ranks_with(result, result.status)
             where = f" in {result.stage}" if result.stage else ""
@@ -165,10 +167,9 @@ def explain(
             )
         elif result.name == default:
             notes.append("the default")
-        elif reference is None:
+        elif paired is None:
             notes.append("no default to beat")
         else:
-            paired = compare_with_default(result, reference)
             runs = f"{paired.wins}/{paired.runs} paired runs"
             if paired.advantage <= 0:
                 notes.append(
@@ -211,7 +212,7 @@ def publish(
 
     @functools.cache
     def payload() -> dict[str, Any]:
-        reference = _reference(decision, default)
+        compared = _paired(decision, default)
         return {
             "op": op,
             "tuning_key": tuning_key,
@@ -228,8 +229,10 @@ def publish(
             "noise_floor": decision.noise_floor,
             "timer": decision.timer or None,
             "candidates": [
-                _candidate_payload(result, note, reference)
-                for result, note in zip(decision.results, notes, strict=True)
+                _candidate_payload(result, note, paired)
+                for result, note, paired in zip(
+                    decision.results, notes, compared, strict=True
+                )
             ],
         }
 
@@ -287,6 +290,22 @@ def _reference(
     )
 
 
+def _paired(
+    decision: CollectiveDecision, default: str | None
+) -> list[PairedComparison | None]:
+    # Each candidate against the default, run by run, in decision.results
+    # order: None for the default itself, and where either has no result.
+    reference = _reference(decision, default)
+    return [
+        compare_with_default(result, reference)
+        if reference is not None
+        and result is not reference
+        and result.status is CandidateStatus.OK
+        else None
+        for result in decision.results
+    ]
+
+
 def _ranks_with(result: CandidateResult, status: CandidateStatus) -> list[int]:
     return [
         rank for rank, report in enumerate(result.reports) if report.status is status
@@ -299,7 +318,7 @@ def _finite(value: float) -> float | None:
 
 
 def _candidate_payload(
-    result: CandidateResult, note: str, reference: CandidateResult | None
+    result: CandidateResult, note: str, comparison: PairedComparison | None
 ) -> dict[str, object]:
     entry: dict[str, object] = {
         "name": result.name,
@@ -311,12 +330,7 @@ def _candidate_payload(
         "why": note,
     }
     # Against the default, for each other candidate that both completed.
-    if (
-        reference is not None
-        and result is not reference
-        and result.status is CandidateStatus.OK
-    ):
-        comparison = compare_with_default(result, reference)
+    if comparison is not None:
         entry.update(
             wins_against_default=comparison.wins,
             paired_runs=comparison.runs,

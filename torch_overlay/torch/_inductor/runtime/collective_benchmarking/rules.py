@@ -21,6 +21,7 @@ from .decisions import (
     CandidateStatus,
     CollectiveDecision,
     DecisionRule,
+    worth_storing,
 )
 
 if TYPE_CHECKING:
@@ -45,7 +46,6 @@ __all__ = [
     "sign_test_p_value",
     "tuned_nothing",
     "Verdict",
-    "worth_storing",
 ]
 
 
@@ -260,26 +260,9 @@ def _without_default_result(default: CandidateResult) -> Verdict:
     )
 
 
-# The rules of a default without a result: decisions that say nothing of the
-# candidates.
-_DEFAULT_UNMEASURED = frozenset(
-    {DecisionRule.DEFAULT_FAILED, DecisionRule.NO_REFERENCE}
-)
-
-
 def tuned_nothing(decision: CollectiveDecision) -> bool:
     """Whether ``decision`` kept the default because nothing could be measured."""
     return decision.rule is DecisionRule.ALL_FAILED or not worth_storing(decision)
-
-
-def worth_storing(decision: CollectiveDecision) -> bool:
-    """Whether ``decision`` says something about the candidates that outlives the process.
-
-    Not when the default had no result: the process keeps such a decision,
-    so that a recompile neither reruns the session nor warns again, but
-    stores none, so that the next process tries again.
-    """
-    return decision.rule not in _DEFAULT_UNMEASURED
 
 
 def every_candidate_wrong(decision: CollectiveDecision, has_default: bool) -> bool:
