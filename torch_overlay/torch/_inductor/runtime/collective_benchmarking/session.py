@@ -13,7 +13,7 @@ import itertools
 import logging
 import math
 import time
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 from torch._dispatch.python import no_python_dispatcher
 from torch._dynamo.utils import counters
@@ -236,28 +236,23 @@ class SessionRun:
             with timed("warmup", **self._metadata):
                 for run in range(max(1, self.config.nwarmup)):
                     value = candidate.fn()
-                    if run == 0:
-                        status = self._screen(step, candidate, value, local)
+                    if run > 0:
+                        continue
+                    # The default's first output is the reference of its op;
+                    # another candidate's must match it.  A mismatch is still
+                    # timed on this member, so that its collectives stay matched.
+                    output = first_tensor(value)
+                    wait_device(self.device, self._deadline())
+                    if candidate.is_default and output is not None:
+                        local.references[step.op] = output.clone()
+                    elif self.config.screen and not outputs_match(
+                        output, local.references.get(step.op)
+                    ):
+                        status = CandidateStatus.WRONG_RESULT
                 wait_device(self.device, self._deadline())
         except Exception as error:
             raise StepFailed(classify(error), "warmup", error, step=index) from error
         local.statuses[(step.op, step.candidate)] = status
-
-    def _screen(
-        self, step: Step, candidate: Candidate, value: Any, local: LocalOutcomes
-    ) -> CandidateStatus:
-        # The default's first output is the reference of its op; another
-        # candidate's output must match it.  A mismatch is still timed on
-        # this member, so that its collectives stay matched.
-        output = first_tensor(value)
-        wait_device(self.device, self._deadline())
-        if candidate.is_default and output is not None:
-            local.references[step.op] = output.clone()
-        elif self.config.screen and not outputs_match(
-            output, local.references.get(step.op)
-        ):
-            return CandidateStatus.WRONG_RESULT
-        return CandidateStatus.OK
 
     def _exchange(self, local: LocalOutcomes) -> list[list[float]]:
         # Every candidate's status and timed runs on every member, in one collective.
