@@ -22,7 +22,6 @@ from torch._dynamo.utils import counters
 
 from . import decision_cache
 from .channels import BenchmarkChannel
-from .decisions import CandidateResult, CollectiveDecision
 from .failures import agree_after_compiling
 from .groups import process_group_topology, resolve_group
 from .join import join, Joined
@@ -36,7 +35,7 @@ from .reporting import (
     say_once,
     untuned_warning,
 )
-from .rules import decide
+from .rules import agreed_decision
 from .session import SessionRun
 from .timing import timed, timer_name
 from .types import (
@@ -49,6 +48,8 @@ from .types import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    from .decisions import CandidateResult, CollectiveDecision
 
 
 __all__ = ["CollectiveBenchmarker"]
@@ -78,6 +79,8 @@ class CollectiveBenchmarker:
         self.rank = self.group.rank()
         self.size = self.group.size()
         self.channel = BenchmarkChannel(self.group, device, config)
+        # What times the runs, as each decision says it.
+        self.timer = f"{timer_name(device)}, {config.nruns} runs per candidate"
 
     def run(
         self,
@@ -173,10 +176,13 @@ class CollectiveBenchmarker:
         positions = {op: position for position, op in enumerate(joined.to_run)}
         for i, op in enumerate(ops):
             if i in positions:
-                decision = self._decide(
+                decision = agreed_decision(
+                    self.group_name,
                     results[positions[i]],
-                    has_default=ordered[i][0].is_default,
-                    twin=twins[positions[i]],
+                    ordered[i][0].is_default,
+                    self.config,
+                    self.timer,
+                    twins[positions[i]],
                 )
                 source = DecisionSource.BENCHMARKED
             else:
@@ -298,30 +304,6 @@ class CollectiveBenchmarker:
             self.device.type,
         )
         return repr(group), repr(settings)
-
-    def _decide(
-        self,
-        results: list[CandidateResult],
-        has_default: bool,
-        twin: CandidateResult | None = None,
-    ) -> CollectiveDecision:
-        verdict = decide(
-            results,
-            has_default,
-            self.config.tie_tolerance,
-            self.config.confidence,
-            twin,
-        )
-        winner = None if verdict.winner is None else results[verdict.winner].name
-        return CollectiveDecision(
-            self.group_name,
-            tuple(results),
-            winner,
-            verdict.reason,
-            verdict.rule,
-            verdict.noise_floor,
-            f"{timer_name(self.device)}, {self.config.nruns} runs per candidate",
-        )
 
     def _publish(
         self, op: OpToTune, decision: CollectiveDecision, source: DecisionSource

@@ -27,8 +27,11 @@ from .decisions import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from .types import CollectiveBenchmarkConfig
+
 
 __all__ = [
+    "agreed_decision",
     "apply_speedup_threshold",
     "beats_default",
     "compare_with_default",
@@ -237,6 +240,35 @@ def decide(
         f"the default stays: {results[index].name} was {summary}: within the "
         f"session's noise at {confidence:.0%} confidence",
         floor,
+    )
+
+
+def agreed_decision(
+    group_name: str,
+    results: Sequence[CandidateResult],
+    has_default: bool,
+    config: CollectiveBenchmarkConfig,
+    timer: str,
+    twin: CandidateResult | None = None,
+) -> CollectiveDecision:
+    """The decision of one op over group ``group_name``, from its agreed ``results``.
+
+    :func:`decide` under ``config``'s tie tolerance and confidence, its
+    winner by name; ``timer`` says what timed the runs.  The same on every
+    member, which holds the same results.
+    """
+    verdict = decide(
+        results, has_default, config.tie_tolerance, config.confidence, twin
+    )
+    winner = None if verdict.winner is None else results[verdict.winner].name
+    return CollectiveDecision(
+        group_name,
+        tuple(results),
+        winner,
+        verdict.reason,
+        verdict.rule,
+        verdict.noise_floor,
+        timer,
     )
 
 
