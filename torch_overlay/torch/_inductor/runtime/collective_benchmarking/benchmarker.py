@@ -22,18 +22,14 @@ from torch._dynamo.utils import counters
 
 from . import decision_cache
 from .channels import BenchmarkChannel
+from .decisions import CandidateStatus
 from .failures import agree_after_compiling
 from .groups import process_group_topology, resolve_group
 from .join import join, Joined
 from .reporting import (
-    adopted_source,
-    count_decisions,
-    count_session,
     DecisionSource,
-    explain,
-    publish,
-    say_once,
-    untuned_warning,
+    report_decision,
+    warn_untuned,
 )
 from .rules import agreed_decision
 from .session import SessionRun
@@ -143,7 +139,9 @@ class CollectiveBenchmarker:
             # (nor compared code: the program counts as this rank's own).
             decision_cache.record(self, ops, replayed, same_code=False)
             for op, decision in zip(ops, replayed, strict=True):
-                self._publish(op, decision, DecisionSource.REPLAYED)
+                report_decision(
+                    self, op, decision, DecisionSource.REPLAYED, decision_log
+                )
             return replayed
         with timed(
             "session",
@@ -187,19 +185,19 @@ class CollectiveBenchmarker:
                 source = DecisionSource.BENCHMARKED
             else:
                 decision = decision_cache.adopt(joined.adopted[i], op)
-                source = adopted_source(joined.adopted[i], remembered[i], known)
+                source = _adopted_source(joined.adopted[i], remembered[i], known)
             # Kept even when the default had no result, so that a recompile
             # in this process neither reruns the session nor warns again.
             decision_cache.remember(self, op, decision)
-            notes = self._publish(op, decision, source)
-            message = self._why_untuned(
-                op, decision, notes, ordered[i][0].is_default, source
+            notes = report_decision(self, op, decision, source, decision_log)
+            message = warn_untuned(
+                self, op, decision, notes, ordered[i][0].is_default, source, log
             )
             if message is not None:
                 untuned.append(message)
             decisions.append(decision)
             sources.append(source)
-        count_decisions(decisions, sources)
+        _count_decisions(decisions, sources)
         if untuned and self.config.strict:
             # Every member holds the same decisions: all raise together.
             raise CollectiveBenchmarkError(
@@ -207,30 +205,8 @@ class CollectiveBenchmarker:
                 + "\n(torch._inductor.config.collective_benchmark_strict is set)"
             )
         decision_cache.record(self, ops, decisions, same_code=joined.same_code)
-        count_session(time.perf_counter() - started - compile_s)
+        _count_session(time.perf_counter() - started - compile_s)
         return decisions
-
-    def _why_untuned(
-        self,
-        op: OpToTune,
-        decision: CollectiveDecision,
-        notes: list[str],
-        has_default: bool,
-        source: DecisionSource,
-    ) -> str | None:
-        # Why ``op`` tuned nothing, said once per op and process by the
-        # group's rank 0 (under strict, every member raises it instead).
-        message = untuned_warning(
-            op.key,
-            decision,
-            notes,
-            has_default=has_default,
-            benchmarked=source is DecisionSource.BENCHMARKED,
-        )
-        if message is not None:
-            key = (self.group_name, op.memo_key or op.key)
-            say_once(log, self.rank, key, message, self.config.strict)
-        return message
 
     def _benchmark(
         self,
@@ -305,29 +281,6 @@ class CollectiveBenchmarker:
         )
         return repr(group), repr(settings)
 
-    def _publish(
-        self, op: OpToTune, decision: CollectiveDecision, source: DecisionSource
-    ) -> list[str]:
-        # Into the trace and TORCH_LOGS; returns why each candidate won or lost.
-        default = next((c.name for c in op.candidates if c.is_default), None)
-        notes = explain(decision, default, self.config.confidence)
-        publish(
-            decision,
-            op.key,
-            header=(
-                f"collective autotuning of {op.key} over group {decision.group_name!r} "
-                f"({self.size} ranks, {self.config.nruns} timed runs, timeout "
-                f"{self.config.timeout.total_seconds():g}s), on rank {self.rank}"
-            ),
-            logger=decision_log,
-            tuning_key=op.memo_key,
-            ranks=dist.get_process_group_ranks(self.group),
-            source=source,
-            default=default,
-            notes=notes,
-        )
-        return notes
-
 
 def _prepare(
     to_prepare: Sequence[tuple[tuple[int, int], str, Callable[[], Any]]],
@@ -367,3 +320,40 @@ def _twin(first: Candidate) -> Candidate | None:
     if not first.is_default:
         return None
     return Candidate(f"{first.name} (again)", first.fn, signature=first.signature)
+
+
+def _adopted_source(
+    adopted: CollectiveDecision,
+    remembered: CollectiveDecision | None,
+    known: Sequence[CollectiveDecision] | None,
+) -> DecisionSource:
+    """Where a decision the join handed back came from, on this member."""
+    # The join hands back this member's own decision object when it was the
+    # one the group adopted.
+    if adopted is not remembered:
+        return DecisionSource.ADOPTED
+    return DecisionSource.CACHE_HIT if known is not None else DecisionSource.REMEMBERED
+
+
+def _count_decisions(
+    decisions: Sequence[CollectiveDecision], sources: Sequence[DecisionSource]
+) -> None:
+    """Add a session's decisions to ``counters["inductor"]``: adopted, or disqualified by status."""
+    inductor_stats = counters["inductor"]
+    for decision, source in zip(decisions, sources, strict=True):
+        if source is not DecisionSource.BENCHMARKED:
+            inductor_stats["collective_autotuning_decisions_adopted"] += 1
+            continue
+        for result in decision.results:
+            if result.status is not CandidateStatus.OK:
+                inductor_stats[
+                    "collective_autotuning_disqualified_" + result.status.name.lower()
+                ] += 1
+
+
+def _count_session(session_s: float) -> None:
+    """Add one session, and its seconds besides compiling, to the counters."""
+    counters["inductor"]["collective_autotuning_sessions"] += 1
+    # The session besides compiling: joins, runs and agreements (float
+    # seconds in Dynamo's int-typed counters: see timing.timed).
+    counters["collective_autotuning"]["session_s"] += session_s  # type: ignore[assignment]

@@ -29,7 +29,7 @@ import logging
 import math
 from typing import Any, TYPE_CHECKING
 
-from torch._dynamo.utils import counters
+import torch.distributed as dist
 from torch._logging import trace_structured
 
 from .decisions import (
@@ -46,18 +46,18 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from .rules import PairedComparison
+    from .types import Member, OpToTune
 
 
 __all__ = [
-    "adopted_source",
     "ARTIFACT_NAME",
-    "count_decisions",
-    "count_session",
     "DecisionSource",
     "explain",
     "publish",
+    "report_decision",
     "say_once",
     "untuned_warning",
+    "warn_untuned",
 ]
 
 # The name tlparse lists the artifact under (``<name>_<n>.json`` in a compile's folder).
@@ -142,6 +142,34 @@ def say_once(
         "an error.",
         message,
     )
+
+
+def warn_untuned(
+    member: Member,
+    op: OpToTune,
+    decision: CollectiveDecision,
+    notes: Sequence[str],
+    has_default: bool,
+    source: DecisionSource,
+    logger: logging.Logger,
+) -> str | None:
+    """Why ``op`` tuned nothing (:func:`untuned_warning`), or None.
+
+    Said once per op and process by the group's rank 0, on ``logger``
+    (:func:`say_once`); under the config's strict, every member raises it
+    instead.
+    """
+    message = untuned_warning(
+        op.key,
+        decision,
+        notes,
+        has_default=has_default,
+        benchmarked=source is DecisionSource.BENCHMARKED,
+    )
+    if message is not None:
+        key = (member.group_name, op.memo_key or op.key)
+        say_once(logger, member.rank, key, message, member.config.strict)
+    return message
 
 
 def explain(
@@ -245,6 +273,38 @@ def publish(
         logger.debug(_table(header, payload()))
 
 
+def report_decision(
+    member: Member,
+    op: OpToTune,
+    decision: CollectiveDecision,
+    source: DecisionSource,
+    logger: logging.Logger,
+) -> list[str]:
+    """:func:`publish` ``decision`` for ``op``, as ``member`` of its group took it.
+
+    Returns why each candidate won or lost (:func:`explain`).
+    """
+    config = member.config
+    default = next((c.name for c in op.candidates if c.is_default), None)
+    notes = explain(decision, default, config.confidence)
+    publish(
+        decision,
+        op.key,
+        header=(
+            f"collective autotuning of {op.key} over group {decision.group_name!r} "
+            f"({member.size} ranks, {config.nruns} timed runs, timeout "
+            f"{config.timeout.total_seconds():g}s), on rank {member.rank}"
+        ),
+        logger=logger,
+        tuning_key=op.memo_key,
+        ranks=dist.get_process_group_ranks(member.group),
+        source=source,
+        default=default,
+        notes=notes,
+    )
+    return notes
+
+
 def _table(header: str, payload: dict[str, Any]) -> str:
     # The payload as a table: a line per candidate, with why it won or lost.
     timer = f" ({payload['timer']})" if payload["timer"] else ""
@@ -338,40 +398,3 @@ def _candidate_payload(
             median_advantage=comparison.advantage,
         )
     return entry
-
-
-def adopted_source(
-    adopted: CollectiveDecision,
-    remembered: CollectiveDecision | None,
-    known: Sequence[CollectiveDecision] | None,
-) -> DecisionSource:
-    """Where a decision the join handed back came from, on this member."""
-    # The join hands back this member's own decision object when it was the
-    # one the group adopted.
-    if adopted is not remembered:
-        return DecisionSource.ADOPTED
-    return DecisionSource.CACHE_HIT if known is not None else DecisionSource.REMEMBERED
-
-
-def count_decisions(
-    decisions: Sequence[CollectiveDecision], sources: Sequence[DecisionSource]
-) -> None:
-    """Add a session's decisions to ``counters["inductor"]``: adopted, or disqualified by status."""
-    inductor_stats = counters["inductor"]
-    for decision, source in zip(decisions, sources, strict=True):
-        if source is not DecisionSource.BENCHMARKED:
-            inductor_stats["collective_autotuning_decisions_adopted"] += 1
-            continue
-        for result in decision.results:
-            if result.status is not CandidateStatus.OK:
-                inductor_stats[
-                    "collective_autotuning_disqualified_" + result.status.name.lower()
-                ] += 1
-
-
-def count_session(session_s: float) -> None:
-    """Add one session, and its seconds besides compiling, to the counters."""
-    counters["inductor"]["collective_autotuning_sessions"] += 1
-    # The session besides compiling: joins, runs and agreements (float
-    # seconds in Dynamo's int-typed counters: see timing.timed).
-    counters["collective_autotuning"]["session_s"] += session_s  # type: ignore[assignment]
