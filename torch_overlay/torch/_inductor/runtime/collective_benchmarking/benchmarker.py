@@ -138,10 +138,8 @@ class CollectiveBenchmarker:
             # compile replaces: the group met for it, it must not meet again
             # (nor compared code: the program counts as this rank's own).
             decision_cache.record(self, ops, replayed, same_code=False)
-            for op, decision in zip(ops, replayed, strict=True):
-                report_decision(
-                    self, op, decision, DecisionSource.REPLAYED, decision_log
-                )
+            for op, agreed in zip(ops, replayed, strict=True):
+                report_decision(self, op, agreed, DecisionSource.REPLAYED, decision_log)
             return replayed
         with timed(
             "session",
