@@ -233,19 +233,15 @@ class CollectiveBenchmarker:
             for index, candidate in enumerate(candidates)
             if candidate.prepare is not None and (position, index) not in run.excluded
         ]
-        metadata: dict[str, Any] = {
-            "group": self.group_name,
-            "candidates": sum(len(candidates) for candidates in plans),
-        }
         prepared = time.perf_counter()
-        with timed("compile", "prepare", **metadata):
+        with timed("compile", "prepare", **run.metadata):
             prepare_errors = _prepare(to_prepare, self.group_name)
         compile_s = time.perf_counter() - prepared
         if to_prepare:
             # Members compile for different times: the first warmup's
             # collective, bounded by the timeout, must not wait for them.
             # What failed to compile on any member is out before it runs.
-            with timed("ready", "presync", **metadata):
+            with timed("ready", "presync", **run.metadata):
                 run.excluded.update(
                     agree_after_compiling(
                         self.channel, run.plans, prepare_errors, self.config.max_wait

@@ -13,7 +13,7 @@ import itertools
 import logging
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 from torch._dispatch.python import no_python_dispatcher
 from torch._dynamo.utils import counters
@@ -24,7 +24,6 @@ from .failures import (
     classify,
     FailureAgreements,
     FailureReport,
-    phase_metadata,
     Resume,
     Step,
     StepFailed,
@@ -93,7 +92,12 @@ class SessionRun:
         ]
         self._has_twin = [twin is not None for twin in twins]
         self.twin_results: list[CandidateResult | None] = [None] * len(plans)
-        self._metadata = phase_metadata(channel, plans)
+        # What each phase's compile event names: the group, and how many
+        # candidates the session benchmarks (the ops' own, without twins).
+        self.metadata: dict[str, Any] = {
+            "group": channel.group.group_name,
+            "candidates": sum(len(candidates) for _, candidates in plans),
+        }
         self._issued = IssuedCounts(channel)
 
     def run(self) -> list[list[CandidateResult]]:
@@ -206,7 +210,7 @@ class SessionRun:
             if timed_steps:
                 calls = [candidates[schedule[i].candidate].fn for i in timed_steps]
                 try:
-                    with timed("timed", **self._metadata):
+                    with timed("timed", **self.metadata):
                         times = time_calls(
                             calls,
                             self.device,
@@ -233,7 +237,7 @@ class SessionRun:
         counters["collective_autotuning"]["rounds"] += 1
         status = CandidateStatus.OK
         try:
-            with timed("warmup", **self._metadata):
+            with timed("warmup", **self.metadata):
                 for run in range(max(1, self.config.nwarmup)):
                     value = candidate.fn()
                     if run > 0:
@@ -263,7 +267,7 @@ class SessionRun:
             for value in local.flatten(op, index, self.config.nruns)
         ]
         try:
-            with timed("exchange", "sync", **self._metadata):
+            with timed("exchange", "sync", **self.metadata):
                 gathered = self.channel.all_gather(flat)
         except Exception as error:
             raise StepFailed(classify(error), "exchange", error) from error
@@ -272,7 +276,7 @@ class SessionRun:
 
     def _commit(self) -> None:
         try:
-            with timed("commit", "sync", **self._metadata):
+            with timed("commit", "sync", **self.metadata):
                 self.channel.all_reduce_max(0.0)
         except Exception as error:
             raise StepFailed(classify(error), "commit", error) from error
