@@ -162,8 +162,8 @@ class TestNoiseRules(TestCase):
         self.assertFalse(
             cr.tuned_nothing(dataclasses.replace(decision, rule=ok.rule)), ok
         )
-        self.assertFalse(cr.worth_storing(decision))
-        self.assertTrue(cr.worth_storing(dataclasses.replace(decision, rule=ok.rule)))
+        self.assertFalse(cd.worth_storing(decision))
+        self.assertTrue(cd.worth_storing(dataclasses.replace(decision, rule=ok.rule)))
 
     def test_unmeasured_failed_default_tunes_nothing_and_blames_no_one(self):
         # A default that timed out, lost a peer or was not run did not fail
@@ -186,7 +186,7 @@ class TestNoiseRules(TestCase):
                 "0", (default, fast), None, "", verdict.rule
             )
             self.assertTrue(cr.tuned_nothing(decision))
-            self.assertFalse(cr.worth_storing(decision))
+            self.assertFalse(cd.worth_storing(decision))
 
     def test_a_faster_candidate_replaces_the_default(self):
         default = result("default", [10.0, 11.0, 10.5, 10.2, 10.8, 10.1])

@@ -23,20 +23,16 @@ from torch._dynamo.utils import counters
 
 from . import decision_cache
 from .channels import BenchmarkChannel
-from .decisions import CandidateResult, CollectiveDecision
+from .decisions import CandidateStatus
+from .failures import agree_after_compiling
 from .groups import process_group_topology, resolve_group
 from .join import join, Joined
 from .reporting import (
-    adopted_source,
-    count_decisions,
-    count_session,
     DecisionSource,
-    explain,
-    publish,
-    say_once,
-    untuned_warning,
+    report_decision,
+    warn_untuned,
 )
-from .rules import decide
+from .rules import agreed_decision
 from .session import SessionRun
 from .timing import timed, timer_name
 from .types import (
@@ -49,6 +45,8 @@ from .types import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    from .decisions import CandidateResult, CollectiveDecision
 
 
 __all__ = ["CollectiveBenchmarker"]
@@ -78,6 +76,8 @@ class CollectiveBenchmarker:
         self.rank = self.group.rank()
         self.size = self.group.size()
         self.channel = BenchmarkChannel(self.group, device, config)
+        # What times the runs, as each decision says it.
+        self.timer = f"{timer_name(device)}, {config.nruns} runs per candidate"
 
     def run(
         self,
@@ -139,8 +139,8 @@ class CollectiveBenchmarker:
             # compile replaces: the group met for it, it must not meet again
             # (nor compared code: the program counts as this rank's own).
             decision_cache.record(self, ops, replayed, same_code=False)
-            for op, decision in zip(ops, replayed, strict=True):
-                self._publish(op, decision, DecisionSource.REPLAYED)
+            for op, agreed in zip(ops, replayed, strict=True):
+                report_decision(self, op, agreed, DecisionSource.REPLAYED, decision_log)
             return replayed
         with timed(
             "session",
@@ -174,27 +174,30 @@ class CollectiveBenchmarker:
         positions = {op: position for position, op in enumerate(joined.to_run)}
         for i, op in enumerate(ops):
             if i in positions:
-                decision = self._decide(
+                decision = agreed_decision(
+                    self.group_name,
                     results[positions[i]],
-                    has_default=ordered[i][0].is_default,
-                    twin=twins[positions[i]],
+                    ordered[i][0].is_default,
+                    self.config,
+                    self.timer,
+                    twins[positions[i]],
                 )
                 source = DecisionSource.BENCHMARKED
             else:
                 decision = decision_cache.adopt(joined.adopted[i], op)
-                source = adopted_source(joined.adopted[i], remembered[i], known)
+                source = _adopted_source(joined.adopted[i], remembered[i], known)
             # Kept even when the default had no result, so that a recompile
             # in this process neither reruns the session nor warns again.
             decision_cache.remember(self, op, decision)
-            notes = self._publish(op, decision, source)
-            message = self._why_untuned(
-                op, decision, notes, ordered[i][0].is_default, source
+            notes = report_decision(self, op, decision, source, decision_log)
+            message = warn_untuned(
+                self, op, decision, notes, ordered[i][0].is_default, source, log
             )
             if message is not None:
                 untuned.append(message)
             decisions.append(decision)
             sources.append(source)
-        count_decisions(decisions, sources)
+        _count_decisions(decisions, sources)
         if untuned and self.config.strict:
             # Every member holds the same decisions: all raise together.
             raise CollectiveBenchmarkError(
@@ -202,30 +205,8 @@ class CollectiveBenchmarker:
                 + "\n(torch._inductor.config.collective_benchmark_strict is set)"
             )
         decision_cache.record(self, ops, decisions, same_code=joined.same_code)
-        count_session(time.perf_counter() - started - compile_s)
+        _count_session(time.perf_counter() - started - compile_s)
         return decisions
-
-    def _why_untuned(
-        self,
-        op: OpToTune,
-        decision: CollectiveDecision,
-        notes: list[str],
-        has_default: bool,
-        source: DecisionSource,
-    ) -> str | None:
-        # Why ``op`` tuned nothing, said once per op and process by the
-        # group's rank 0 (under strict, every member raises it instead).
-        message = untuned_warning(
-            op.key,
-            decision,
-            notes,
-            has_default=has_default,
-            benchmarked=source is DecisionSource.BENCHMARKED,
-        )
-        if message is not None:
-            key = (self.group_name, op.memo_key or op.key)
-            say_once(log, self.rank, key, message, self.config.strict)
-        return message
 
     def _benchmark(
         self,
@@ -254,20 +235,20 @@ class CollectiveBenchmarker:
             for index, candidate in enumerate(candidates)
             if candidate.prepare is not None and (position, index) not in run.excluded
         ]
-        metadata: dict[str, Any] = {
-            "group": self.group_name,
-            "candidates": sum(len(candidates) for candidates in plans),
-        }
         prepared = time.perf_counter()
-        with timed("compile", "prepare", **metadata):
+        with timed("compile", "prepare", **run.metadata):
             prepare_errors = _prepare(to_prepare, self.group_name)
         compile_s = time.perf_counter() - prepared
         if to_prepare:
             # Members compile for different times: the first warmup's
             # collective, bounded by the timeout, must not wait for them.
             # What failed to compile on any member is out before it runs.
-            with timed("ready", "presync", **metadata):
-                run.ready(prepare_errors, self.config.max_wait)
+            with timed("ready", "presync", **run.metadata):
+                run.excluded.update(
+                    agree_after_compiling(
+                        self.channel, run.plans, prepare_errors, self.config.max_wait
+                    )
+                )
         results = run.run() if plans else []
         return results, run.twin_results, compile_s
 
@@ -296,53 +277,6 @@ class CollectiveBenchmarker:
         )
         return repr(group), repr(settings)
 
-    def _decide(
-        self,
-        results: list[CandidateResult],
-        has_default: bool,
-        twin: CandidateResult | None = None,
-    ) -> CollectiveDecision:
-        verdict = decide(
-            results,
-            has_default,
-            self.config.tie_tolerance,
-            self.config.confidence,
-            twin,
-        )
-        winner = None if verdict.winner is None else results[verdict.winner].name
-        return CollectiveDecision(
-            self.group_name,
-            tuple(results),
-            winner,
-            verdict.reason,
-            verdict.rule,
-            verdict.noise_floor,
-            f"{timer_name(self.device)}, {self.config.nruns} runs per candidate",
-        )
-
-    def _publish(
-        self, op: OpToTune, decision: CollectiveDecision, source: DecisionSource
-    ) -> list[str]:
-        # Into the trace and TORCH_LOGS; returns why each candidate won or lost.
-        default = next((c.name for c in op.candidates if c.is_default), None)
-        notes = explain(decision, default, self.config.confidence)
-        publish(
-            decision,
-            op.key,
-            header=(
-                f"collective autotuning of {op.key} over group {decision.group_name!r} "
-                f"({self.size} ranks, {self.config.nruns} timed runs, timeout "
-                f"{self.config.timeout.total_seconds():g}s), on rank {self.rank}"
-            ),
-            logger=decision_log,
-            tuning_key=op.memo_key,
-            ranks=dist.get_process_group_ranks(self.group),
-            source=source,
-            default=default,
-            notes=notes,
-        )
-        return notes
-
 
 def _prepare(
     to_prepare: Sequence[tuple[tuple[int, int], str, Callable[[], Any]]],
@@ -352,7 +286,7 @@ def _prepare(
     # position in the session: start every candidate's compilation, then
     # wait for what each left running (kernel builds, which overlap each
     # other and the next candidates' lowering).  Returns the positions that
-    # failed, with their errors (SessionRun.ready disqualifies them).
+    # failed, with their errors (agree_after_compiling disqualifies them).
     failed: dict[tuple[int, int], BaseException] = {}
 
     def attempt(position: tuple[int, int], name: str, step: Callable[[], Any]) -> Any:
@@ -382,3 +316,40 @@ def _twin(first: Candidate) -> Candidate | None:
     if not first.is_default:
         return None
     return Candidate(f"{first.name} (again)", first.fn, signature=first.signature)
+
+
+def _adopted_source(
+    adopted: CollectiveDecision,
+    remembered: CollectiveDecision | None,
+    known: Sequence[CollectiveDecision] | None,
+) -> DecisionSource:
+    """Where a decision the join handed back came from, on this member."""
+    # The join hands back this member's own decision object when it was the
+    # one the group adopted.
+    if adopted is not remembered:
+        return DecisionSource.ADOPTED
+    return DecisionSource.CACHE_HIT if known is not None else DecisionSource.REMEMBERED
+
+
+def _count_decisions(
+    decisions: Sequence[CollectiveDecision], sources: Sequence[DecisionSource]
+) -> None:
+    """Add a session's decisions to ``counters["inductor"]``: adopted, or disqualified by status."""
+    inductor_stats = counters["inductor"]
+    for decision, source in zip(decisions, sources, strict=True):
+        if source is not DecisionSource.BENCHMARKED:
+            inductor_stats["collective_autotuning_decisions_adopted"] += 1
+            continue
+        for result in decision.results:
+            if result.status is not CandidateStatus.OK:
+                inductor_stats[
+                    "collective_autotuning_disqualified_" + result.status.name.lower()
+                ] += 1
+
+
+def _count_session(session_s: float) -> None:
+    """Add one session, and its seconds besides compiling, to the counters."""
+    counters["inductor"]["collective_autotuning_sessions"] += 1
+    # The session besides compiling: joins, runs and agreements (float
+    # seconds in Dynamo's int-typed counters: see timing.timed).
+    counters["collective_autotuning"]["session_s"] += session_s  # type: ignore[assignment]

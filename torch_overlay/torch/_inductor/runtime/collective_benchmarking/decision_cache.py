@@ -23,9 +23,13 @@ import torch
 import torch.distributed as dist
 from torch._inductor.utils import clear_on_fresh_cache
 
-from .decisions import CollectiveDecision, decision_from_json, decision_to_json
+from .decisions import (
+    CollectiveDecision,
+    decision_from_json,
+    decision_to_json,
+    worth_storing,
+)
 from .groups import process_group_topology
-from .rules import worth_storing
 from .types import digest
 
 

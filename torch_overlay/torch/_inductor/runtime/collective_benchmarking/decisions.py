@@ -22,6 +22,7 @@ __all__ = [
     "RankReport",
     "decision_from_json",
     "decision_to_json",
+    "worth_storing",
 ]
 
 
@@ -164,3 +165,20 @@ def decision_from_json(text: str) -> CollectiveDecision:
     )
     rule = DecisionRule[raw.pop("rule")]
     return CollectiveDecision(results=results, rule=rule, **raw)
+
+
+# The rules of a default without a result: decisions that say nothing of the
+# candidates.
+_DEFAULT_UNMEASURED = frozenset(
+    {DecisionRule.DEFAULT_FAILED, DecisionRule.NO_REFERENCE}
+)
+
+
+def worth_storing(decision: CollectiveDecision) -> bool:
+    """Whether ``decision`` says something about the candidates that outlives the process.
+
+    Not when the default had no result: the process keeps such a decision,
+    so that a recompile neither reruns the session nor warns again, but
+    stores none, so that the next process tries again.
+    """
+    return decision.rule not in _DEFAULT_UNMEASURED

@@ -5,8 +5,8 @@ member.  A member whose step fails drops the channel (so that its peers'
 pending collectives fail too), and every member meets on a new channel,
 gathers every member's :class:`FailureReport` there, and applies the same
 rule to them (:class:`FailureAgreements`), so that they all resume from the
-same step.  :func:`classify` says what a step's error was; the exchange's
-layout is :class:`LocalOutcomes`'s.  See ``docs/modules.md``, "session.py".
+same step.  :func:`classify` says what a step's error was, and
+:func:`agree_after_compiling` what failed to compile (``docs/modules.md``, "session.py").
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import math
 from collections import Counter
 from typing import Any, NamedTuple, TYPE_CHECKING
 
-import torch
 import torch.distributed as dist
 from torch._dynamo.utils import counters
 
@@ -29,19 +27,20 @@ from .types import CollectiveBenchmarkError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from datetime import timedelta
 
     from .channels import BenchmarkChannel
     from .types import Candidate
 
 
 __all__ = [
+    "agree_after_compiling",
     "agreed_results",
     "classify",
     "earliest_failure",
     "FailureReport",
     "first_desynchronized",
     "FailureAgreements",
-    "LocalOutcomes",
     "phase_metadata",
     "Resume",
     "Step",
@@ -155,8 +154,7 @@ def classify(error: BaseException) -> CandidateStatus:
     return CandidateStatus.RAISED
 
 
-# How much of an error's first line a failure post carries to the other
-# members.
+# How much of an error's first line a failure post carries to the others.
 _ERROR_CHARS = 160
 
 
@@ -199,41 +197,61 @@ class Resume:
     warmup_from: int | None
 
 
-class LocalOutcomes:
-    """This member's outcomes in a session, which its exchange sends."""
+def agree_after_compiling(
+    channel: BenchmarkChannel,
+    plans: Sequence[tuple[str, Sequence[Candidate]]],
+    prepare_errors: dict[tuple[int, int], BaseException],
+    wait: timedelta,
+) -> dict[tuple[int, int], CandidateResult]:
+    """Meet every member at the end of compiling, within ``wait``; what is out.
 
-    def __init__(self) -> None:
-        self.statuses: dict[tuple[int, int], CandidateStatus] = {}
-        self.samples: dict[tuple[int, int], list[float]] = {}
-        # per op: its default's first output
-        self.references: dict[int, torch.Tensor] = {}
-
-    def record_runs(
-        self, op: int, candidates: Sequence[int], times: Sequence[float]
-    ) -> None:
-        for index in set(candidates):
-            self.samples[(op, index)] = []
-        for index, ms in zip(candidates, times, strict=True):
-            self.samples[(op, index)].append(ms)
-
-    def forget_from(self, resume: Resume) -> None:
-        # What runs again after the resume point is measured again.
-        def runs_again(op: int, index: int) -> bool:
-            if op != resume.op:
-                return op > resume.op
-            return resume.warmup_from is not None and index >= resume.warmup_from
-
-        for key in [key for key in self.samples if key[0] >= resume.op]:
-            del self.samples[key]
-        for key in [key for key in self.statuses if runs_again(*key)]:
-            del self.statuses[key]
-        for op in [op for op in self.references if runs_again(op, 0)]:
-            del self.references[op]
-
-    def flatten(self, op: int, index: int, nruns: int) -> list[float]:
-        samples = self.samples.get((op, index), [])
-        status = self.statuses.get((op, index), CandidateStatus.OK)
-        return [float(status), *samples, *[math.nan] * (nruns - len(samples))]
+    ``prepare_errors`` holds the (op, candidate) positions of ``plans`` (the
+    session's, twins included) whose compilation failed on this member.  A
+    candidate that failed on any member is out on every member before any
+    warmup (``RAISED`` where it failed, its stage "prepare" and the first
+    such member's error), with no failure agreement and no new channel: its
+    result is returned by position, the same on every member.  Raises
+    :class:`CollectiveBenchmarkError` naming the members that do not come.
+    """
+    positions = [
+        (op, index)
+        for op, (_, candidates) in enumerate(plans)
+        for index in range(len(candidates))
+    ]
+    failed = [int(position in prepare_errors) for position in positions]
+    rows = channel.everyone(
+        "the end of compiling the candidates",
+        lambda: channel.gather_ints(failed, wait),
+        wait,
+    )
+    unprepared = [i for i in range(len(positions)) if any(r[i] for r in rows)]
+    if not unprepared:
+        return {}
+    # Only when some failed: each member's errors, worded as a step's report.
+    stages = [
+        StepFailed(CandidateStatus.RAISED, "prepare", prepare_errors[at]).stage
+        if at in prepare_errors
+        else None
+        for at in (positions[i] for i in unprepared)
+    ]
+    timeout = channel.timeout
+    posts = channel.everyone(
+        "the exchange of compile errors",
+        lambda: channel.gather_objects(stages, timeout),
+        timeout,
+    )
+    out: dict[tuple[int, int], CandidateResult] = {}
+    for column, i in enumerate(unprepared):
+        op, index = positions[i]
+        statuses = [
+            CandidateStatus.RAISED if r[i] else CandidateStatus.OK for r in rows
+        ]
+        out[(op, index)] = CandidateResult(
+            plans[op][1][index].name,
+            tuple(RankReport(status) for status in statuses),
+            stage=next(post[column] for post in posts if post[column]),
+        )
+    return out
 
 
 class FailureAgreements:
@@ -352,7 +370,7 @@ def agreed_results(
     attempts: dict[tuple[int, int], int],
 ) -> list[list[CandidateResult]]:
     # A candidate's result is the failure agreed for it, or else what every
-    # member sent for it in the exchange (the layout of LocalOutcomes.flatten).
+    # member sent for it in the exchange (LocalOutcomes.flatten's layout, session.py).
     width = 1 + nruns  # a candidate's status and timed runs
     offsets = list(
         itertools.accumulate(

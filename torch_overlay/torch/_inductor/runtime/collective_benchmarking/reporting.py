@@ -29,33 +29,35 @@ import logging
 import math
 from typing import Any, TYPE_CHECKING
 
-from torch._dynamo.utils import counters
+import torch.distributed as dist
 from torch._logging import trace_structured
 
-from .decisions import CandidateResult, CandidateStatus, CollectiveDecision
-from .groups import warn_from_group_rank0
-from .rules import (
-    compare_with_default,
-    every_candidate_wrong,
-    tuned_nothing,
+from .decisions import (
+    CandidateResult,
+    CandidateStatus,
+    CollectiveDecision,
     worth_storing,
 )
+from .groups import warn_from_group_rank0
+from .rules import compare_with_default, every_candidate_wrong, tuned_nothing
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from .rules import PairedComparison
+    from .types import Member, OpToTune
+
 
 __all__ = [
-    "adopted_source",
     "ARTIFACT_NAME",
-    "count_decisions",
-    "count_session",
     "DecisionSource",
     "explain",
     "publish",
+    "report_decision",
     "say_once",
     "untuned_warning",
+    "warn_untuned",
 ]
 
 # The name tlparse lists the artifact under (``<name>_<n>.json`` in a compile's folder).
@@ -142,6 +144,34 @@ def say_once(
     )
 
 
+def warn_untuned(
+    member: Member,
+    op: OpToTune,
+    decision: CollectiveDecision,
+    notes: Sequence[str],
+    has_default: bool,
+    source: DecisionSource,
+    logger: logging.Logger,
+) -> str | None:
+    """Why ``op`` tuned nothing (:func:`untuned_warning`), or None.
+
+    Said once per op and process by the group's rank 0, on ``logger``
+    (:func:`say_once`); under the config's strict, every member raises it
+    instead.
+    """
+    message = untuned_warning(
+        op.key,
+        decision,
+        notes,
+        has_default=has_default,
+        benchmarked=source is DecisionSource.BENCHMARKED,
+    )
+    if message is not None:
+        key = (member.group_name, op.memo_key or op.key)
+        say_once(logger, member.rank, key, message, member.config.strict)
+    return message
+
+
 def explain(
     decision: CollectiveDecision, default: str | None, confidence: float
 ) -> list[str]:
@@ -152,9 +182,9 @@ def explain(
     :func:`~.rules.beats_default` compares them (``confidence`` is the
     session's).  A pure function of agreed data: the same on every rank.
     """
-    reference = _reference(decision, default)
     notes = []
-    for result in decision.results:
+    compared = _paired(decision, default)
+    for result, paired in zip(decision.results, compared, strict=True):
         if result.status is not CandidateStatus.OK:
             ranks = _ranks_with(result, result.status)
             where = f" in {result.stage}" if result.stage else ""
@@ -165,10 +195,9 @@ def explain(
             )
         elif result.name == default:
             notes.append("the default")
-        elif reference is None:
+        elif paired is None:
             notes.append("no default to beat")
         else:
-            paired = compare_with_default(result, reference)
             runs = f"{paired.wins}/{paired.runs} paired runs"
             if paired.advantage <= 0:
                 notes.append(
@@ -211,7 +240,7 @@ def publish(
 
     @functools.cache
     def payload() -> dict[str, Any]:
-        reference = _reference(decision, default)
+        compared = _paired(decision, default)
         return {
             "op": op,
             "tuning_key": tuning_key,
@@ -228,8 +257,10 @@ def publish(
             "noise_floor": decision.noise_floor,
             "timer": decision.timer or None,
             "candidates": [
-                _candidate_payload(result, note, reference)
-                for result, note in zip(decision.results, notes, strict=True)
+                _candidate_payload(result, note, paired)
+                for result, note, paired in zip(
+                    decision.results, notes, compared, strict=True
+                )
             ],
         }
 
@@ -240,6 +271,38 @@ def publish(
     )
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug(_table(header, payload()))
+
+
+def report_decision(
+    member: Member,
+    op: OpToTune,
+    decision: CollectiveDecision,
+    source: DecisionSource,
+    logger: logging.Logger,
+) -> list[str]:
+    """:func:`publish` ``decision`` for ``op``, as ``member`` of its group took it.
+
+    Returns why each candidate won or lost (:func:`explain`).
+    """
+    config = member.config
+    default = next((c.name for c in op.candidates if c.is_default), None)
+    notes = explain(decision, default, config.confidence)
+    publish(
+        decision,
+        op.key,
+        header=(
+            f"collective autotuning of {op.key} over group {decision.group_name!r} "
+            f"({member.size} ranks, {config.nruns} timed runs, timeout "
+            f"{config.timeout.total_seconds():g}s), on rank {member.rank}"
+        ),
+        logger=logger,
+        tuning_key=op.memo_key,
+        ranks=dist.get_process_group_ranks(member.group),
+        source=source,
+        default=default,
+        notes=notes,
+    )
+    return notes
 
 
 def _table(header: str, payload: dict[str, Any]) -> str:
@@ -287,6 +350,22 @@ def _reference(
     )
 
 
+def _paired(
+    decision: CollectiveDecision, default: str | None
+) -> list[PairedComparison | None]:
+    # Each candidate against the default, run by run, in decision.results
+    # order: None for the default itself, and where either has no result.
+    reference = _reference(decision, default)
+    return [
+        compare_with_default(result, reference)
+        if reference is not None
+        and result is not reference
+        and result.status is CandidateStatus.OK
+        else None
+        for result in decision.results
+    ]
+
+
 def _ranks_with(result: CandidateResult, status: CandidateStatus) -> list[int]:
     return [
         rank for rank, report in enumerate(result.reports) if report.status is status
@@ -299,7 +378,7 @@ def _finite(value: float) -> float | None:
 
 
 def _candidate_payload(
-    result: CandidateResult, note: str, reference: CandidateResult | None
+    result: CandidateResult, note: str, comparison: PairedComparison | None
 ) -> dict[str, object]:
     entry: dict[str, object] = {
         "name": result.name,
@@ -311,12 +390,7 @@ def _candidate_payload(
         "why": note,
     }
     # Against the default, for each other candidate that both completed.
-    if (
-        reference is not None
-        and result is not reference
-        and result.status is CandidateStatus.OK
-    ):
-        comparison = compare_with_default(result, reference)
+    if comparison is not None:
         entry.update(
             wins_against_default=comparison.wins,
             paired_runs=comparison.runs,
@@ -324,40 +398,3 @@ def _candidate_payload(
             median_advantage=comparison.advantage,
         )
     return entry
-
-
-def adopted_source(
-    adopted: CollectiveDecision,
-    remembered: CollectiveDecision | None,
-    known: Sequence[CollectiveDecision] | None,
-) -> DecisionSource:
-    """Where a decision the join handed back came from, on this member."""
-    # The join hands back this member's own decision object when it was the
-    # one the group adopted.
-    if adopted is not remembered:
-        return DecisionSource.ADOPTED
-    return DecisionSource.CACHE_HIT if known is not None else DecisionSource.REMEMBERED
-
-
-def count_decisions(
-    decisions: Sequence[CollectiveDecision], sources: Sequence[DecisionSource]
-) -> None:
-    """Add a session's decisions to ``counters["inductor"]``: adopted, or disqualified by status."""
-    inductor_stats = counters["inductor"]
-    for decision, source in zip(decisions, sources, strict=True):
-        if source is not DecisionSource.BENCHMARKED:
-            inductor_stats["collective_autotuning_decisions_adopted"] += 1
-            continue
-        for result in decision.results:
-            if result.status is not CandidateStatus.OK:
-                inductor_stats[
-                    "collective_autotuning_disqualified_" + result.status.name.lower()
-                ] += 1
-
-
-def count_session(session_s: float) -> None:
-    """Add one session, and its seconds besides compiling, to the counters."""
-    counters["inductor"]["collective_autotuning_sessions"] += 1
-    # The session besides compiling: joins, runs and agreements (float
-    # seconds in Dynamo's int-typed counters: see timing.timed).
-    counters["collective_autotuning"]["session_s"] += session_s  # type: ignore[assignment]

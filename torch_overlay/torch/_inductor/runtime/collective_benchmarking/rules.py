@@ -21,13 +21,17 @@ from .decisions import (
     CandidateStatus,
     CollectiveDecision,
     DecisionRule,
+    worth_storing,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from .types import CollectiveBenchmarkConfig
+
 
 __all__ = [
+    "agreed_decision",
     "apply_speedup_threshold",
     "beats_default",
     "compare_with_default",
@@ -45,7 +49,6 @@ __all__ = [
     "sign_test_p_value",
     "tuned_nothing",
     "Verdict",
-    "worth_storing",
 ]
 
 
@@ -240,6 +243,35 @@ def decide(
     )
 
 
+def agreed_decision(
+    group_name: str,
+    results: Sequence[CandidateResult],
+    has_default: bool,
+    config: CollectiveBenchmarkConfig,
+    timer: str,
+    twin: CandidateResult | None = None,
+) -> CollectiveDecision:
+    """The decision of one op over group ``group_name``, from its agreed ``results``.
+
+    :func:`decide` under ``config``'s tie tolerance and confidence, its
+    winner by name; ``timer`` says what timed the runs.  The same on every
+    member, which holds the same results.
+    """
+    verdict = decide(
+        results, has_default, config.tie_tolerance, config.confidence, twin
+    )
+    winner = None if verdict.winner is None else results[verdict.winner].name
+    return CollectiveDecision(
+        group_name,
+        tuple(results),
+        winner,
+        verdict.reason,
+        verdict.rule,
+        verdict.noise_floor,
+        timer,
+    )
+
+
 def _without_default_result(default: CandidateResult) -> Verdict:
     what = f"the default {default.name} {default.status.description}" + (
         f" in {default.stage}" if default.stage else ""
@@ -260,26 +292,9 @@ def _without_default_result(default: CandidateResult) -> Verdict:
     )
 
 
-# The rules of a default without a result: decisions that say nothing of the
-# candidates.
-_DEFAULT_UNMEASURED = frozenset(
-    {DecisionRule.DEFAULT_FAILED, DecisionRule.NO_REFERENCE}
-)
-
-
 def tuned_nothing(decision: CollectiveDecision) -> bool:
     """Whether ``decision`` kept the default because nothing could be measured."""
     return decision.rule is DecisionRule.ALL_FAILED or not worth_storing(decision)
-
-
-def worth_storing(decision: CollectiveDecision) -> bool:
-    """Whether ``decision`` says something about the candidates that outlives the process.
-
-    Not when the default had no result: the process keeps such a decision,
-    so that a recompile neither reruns the session nor warns again, but
-    stores none, so that the next process tries again.
-    """
-    return decision.rule not in _DEFAULT_UNMEASURED
 
 
 def every_candidate_wrong(decision: CollectiveDecision, has_default: bool) -> bool:

@@ -11,20 +11,19 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import time
 from typing import Any, TYPE_CHECKING
 
 from torch._dispatch.python import no_python_dispatcher
 from torch._dynamo.utils import counters
 
-from .decisions import CandidateResult, CandidateStatus, RankReport
+from .decisions import CandidateResult, CandidateStatus
 from .failures import (
     agreed_results,
     classify,
     FailureAgreements,
     FailureReport,
-    LocalOutcomes,
-    phase_metadata,
     Resume,
     Step,
     StepFailed,
@@ -37,7 +36,6 @@ from .types import CollectiveBenchmarkError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from datetime import timedelta
 
     import torch
 
@@ -60,8 +58,9 @@ class SessionRun:
     On gloo, a candidate that keeps several collectives in flight never runs
     either (unless the config allows it).
     A run is built before its candidates are compiled, so that no candidate
-    in :attr:`excluded` (which never runs) is compiled; :meth:`ready` then
-    adds those that failed to compile on any member.  ``twins`` gives,
+    in :attr:`excluded` (which never runs) is compiled; what failed to
+    compile on any member is added to it then (``agree_after_compiling``
+    in ``failures.py``).  ``twins`` gives,
     per op, the *twin* of its default (the same implementation, or None):
     timed in every interleaved iteration like a candidate, never warmed up
     nor chosen, it measures the session's noise (``noise_floor``); its
@@ -94,62 +93,13 @@ class SessionRun:
         ]
         self._has_twin = [twin is not None for twin in twins]
         self.twin_results: list[CandidateResult | None] = [None] * len(plans)
-        self._metadata = phase_metadata(channel, plans)
+        # What each phase's compile event names: the group, and how many
+        # candidates the session benchmarks (the ops' own, without twins).
+        self.metadata: dict[str, Any] = {
+            "group": channel.group.group_name,
+            "candidates": sum(len(candidates) for _, candidates in plans),
+        }
         self._issued = IssuedCounts(channel)
-
-    def ready(
-        self, prepare_errors: dict[tuple[int, int], BaseException], wait: timedelta
-    ) -> None:
-        """Meet every member at the end of compiling, within ``wait``.
-
-        ``prepare_errors`` holds the (op, candidate) positions whose
-        preparation (compilation) failed on this member, with the error.
-        Every member's outcome per candidate travels in this one gather: a
-        candidate that failed on any member is out on every member before
-        any warmup (``RAISED`` on the members it failed on, its stage
-        "prepare" and the first such member's error), with no failure
-        agreement and no new channel.  Raises
-        :class:`CollectiveBenchmarkError` naming the members that do not
-        come.
-        """
-        positions = [
-            (op, index)
-            for op, (_, candidates) in enumerate(self.plans)
-            for index in range(len(candidates))
-        ]
-        failed = [int(position in prepare_errors) for position in positions]
-        rows = self.channel.everyone(
-            "the end of compiling the candidates",
-            lambda: self.channel.gather_ints(failed, wait),
-            wait,
-        )
-        unprepared = [i for i in range(len(positions)) if any(r[i] for r in rows)]
-        if not unprepared:
-            return
-        # Only when some failed (alike on every member): each member's
-        # errors, worded as a failed step's report words them.
-        stages = [
-            StepFailed(CandidateStatus.RAISED, "prepare", prepare_errors[at]).stage
-            if at in prepare_errors
-            else None
-            for at in (positions[i] for i in unprepared)
-        ]
-        timeout = self.config.timeout
-        posts = self.channel.everyone(
-            "the exchange of compile errors",
-            lambda: self.channel.gather_objects(stages, timeout),
-            timeout,
-        )
-        for column, i in enumerate(unprepared):
-            op, index = positions[i]
-            statuses = [
-                CandidateStatus.RAISED if r[i] else CandidateStatus.OK for r in rows
-            ]
-            self.excluded[(op, index)] = CandidateResult(
-                self.plans[op][1][index].name,
-                tuple(RankReport(status) for status in statuses),
-                stage=next(post[column] for post in posts if post[column]),
-            )
 
     def run(self) -> list[list[CandidateResult]]:
         """Every candidate's agreed result, per op; the same on every member.
@@ -261,7 +211,7 @@ class SessionRun:
             if timed_steps:
                 calls = [candidates[schedule[i].candidate].fn for i in timed_steps]
                 try:
-                    with timed("timed", **self._metadata):
+                    with timed("timed", **self.metadata):
                         times = time_calls(
                             calls,
                             self.device,
@@ -288,31 +238,26 @@ class SessionRun:
         counters["collective_autotuning"]["rounds"] += 1
         status = CandidateStatus.OK
         try:
-            with timed("warmup", **self._metadata):
+            with timed("warmup", **self.metadata):
                 for run in range(max(1, self.config.nwarmup)):
                     value = candidate.fn()
-                    if run == 0:
-                        status = self._screen(step, candidate, value, local)
+                    if run > 0:
+                        continue
+                    # The default's first output is the reference of its op;
+                    # another candidate's must match it.  A mismatch is still
+                    # timed on this member, so that its collectives stay matched.
+                    output = first_tensor(value)
+                    wait_device(self.device, self._deadline())
+                    if candidate.is_default and output is not None:
+                        local.references[step.op] = output.clone()
+                    elif self.config.screen and not outputs_match(
+                        output, local.references.get(step.op)
+                    ):
+                        status = CandidateStatus.WRONG_RESULT
                 wait_device(self.device, self._deadline())
         except Exception as error:
             raise StepFailed(classify(error), "warmup", error, step=index) from error
         local.statuses[(step.op, step.candidate)] = status
-
-    def _screen(
-        self, step: Step, candidate: Candidate, value: Any, local: LocalOutcomes
-    ) -> CandidateStatus:
-        # The default's first output is the reference of its op; another
-        # candidate's output must match it.  A mismatch is still timed on
-        # this member, so that its collectives stay matched.
-        output = first_tensor(value)
-        wait_device(self.device, self._deadline())
-        if candidate.is_default and output is not None:
-            local.references[step.op] = output.clone()
-        elif self.config.screen and not outputs_match(
-            output, local.references.get(step.op)
-        ):
-            return CandidateStatus.WRONG_RESULT
-        return CandidateStatus.OK
 
     def _exchange(self, local: LocalOutcomes) -> list[list[float]]:
         # Every candidate's status and timed runs on every member, in one collective.
@@ -323,7 +268,7 @@ class SessionRun:
             for value in local.flatten(op, index, self.config.nruns)
         ]
         try:
-            with timed("exchange", "sync", **self._metadata):
+            with timed("exchange", "sync", **self.metadata):
                 gathered = self.channel.all_gather(flat)
         except Exception as error:
             raise StepFailed(classify(error), "exchange", error) from error
@@ -332,7 +277,7 @@ class SessionRun:
 
     def _commit(self) -> None:
         try:
-            with timed("commit", "sync", **self._metadata):
+            with timed("commit", "sync", **self.metadata):
                 self.channel.all_reduce_max(0.0)
         except Exception as error:
             raise StepFailed(classify(error), "commit", error) from error
@@ -397,3 +342,40 @@ class IssuedCounts:
         except KeyError:
             return ()
         return tuple(after - before for before, after in itertools.pairwise(counted))
+
+
+class LocalOutcomes:
+    """This member's outcomes in a session, which its exchange sends."""
+
+    def __init__(self) -> None:
+        self.statuses: dict[tuple[int, int], CandidateStatus] = {}
+        self.samples: dict[tuple[int, int], list[float]] = {}
+        # per op: its default's first output
+        self.references: dict[int, torch.Tensor] = {}
+
+    def record_runs(
+        self, op: int, candidates: Sequence[int], times: Sequence[float]
+    ) -> None:
+        for index in set(candidates):
+            self.samples[(op, index)] = []
+        for index, ms in zip(candidates, times, strict=True):
+            self.samples[(op, index)].append(ms)
+
+    def forget_from(self, resume: Resume) -> None:
+        # What runs again after the resume point is measured again.
+        def runs_again(op: int, index: int) -> bool:
+            if op != resume.op:
+                return op > resume.op
+            return resume.warmup_from is not None and index >= resume.warmup_from
+
+        for key in [key for key in self.samples if key[0] >= resume.op]:
+            del self.samples[key]
+        for key in [key for key in self.statuses if runs_again(*key)]:
+            del self.statuses[key]
+        for op in [op for op in self.references if runs_again(op, 0)]:
+            del self.references[op]
+
+    def flatten(self, op: int, index: int, nruns: int) -> list[float]:
+        samples = self.samples.get((op, index), [])
+        status = self.statuses.get((op, index), CandidateStatus.OK)
+        return [float(status), *samples, *[math.nan] * (nruns - len(samples))]
