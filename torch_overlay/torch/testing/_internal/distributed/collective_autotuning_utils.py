@@ -13,7 +13,9 @@ the parts of the cache directory that hold collective decisions are emptied,
 because what these tests assert is what a compile benchmarks, which a
 decision taken from a cache skips.  A test that fails poisons its class: the
 remaining tests of the class are skipped, since its ranks may no longer be in
-step.
+step.  A rank still inside a test when the parent gives up on it prints every
+thread's stack (``faulthandler``) and is killed when the class ends, so that
+a hung test fails with where it hung instead of hanging the run.
 
 Tests whose point is a rank that dies, or ranks that leave a test at
 different points, use ``SpawnedRanksTestCase``: fresh processes per test
@@ -37,8 +39,10 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import faulthandler
 import os
 import shutil
+import signal
 import tempfile
 import unittest
 from typing import Any
@@ -48,6 +52,7 @@ import torch.distributed as dist
 from torch._dynamo.utils import counters
 from torch._inductor.runtime.collective_benchmarking import decision_cache
 from torch.testing._internal.common_distributed import (
+    get_timeout,
     MultiProcContinuousTest,
     MultiProcessTestCase,
 )
@@ -173,6 +178,8 @@ class RankProcessesTestCase(MultiProcContinuousTest):
     # The process group's own timeout: a test that hangs in a collective of
     # its program fails after it rather than after c10d's 30 minutes.
     timeout = datetime.timedelta(seconds=300)
+    # How long tearDownClass waits for the ranks to leave their last test.
+    EXIT_WAIT_S = 60
 
     @classmethod
     def backend_str(cls) -> str:
@@ -219,6 +226,7 @@ class RankProcessesTestCase(MultiProcContinuousTest):
         # its setUpClass: run it here, so that what a class-level decorator
         # sets (a config.patch) holds where the tests compile.
         cls.setUpClass()
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         rank_device(cls.backend, rank)
         dist.init_process_group(
             None if cls.bare_init else cls.backend,
@@ -237,7 +245,30 @@ class RankProcessesTestCase(MultiProcContinuousTest):
         # Every rank starts the test together: no rank's compile races a
         # peer still finishing the previous test.
         dist.barrier()
-        getattr(test, test._testMethodName)(**kwargs)
+        # Where a rank is when the parent stops waiting for it (get_timeout
+        # per rank), printed while the parent still captures the test's output.
+        faulthandler.dump_traceback_later(get_timeout(test_id) * 0.9)
+        try:
+            getattr(test, test._testMethodName)(**kwargs)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        # MultiProcContinuousTest joins its ranks without a timeout: a rank
+        # stuck in a test the parent gave up on would hang the run.
+        if cls.rank < 0 and cls.__dict__.get("_processes_spawned", False):
+            for task_queue in cls.task_queues:
+                task_queue.put(None)
+            for process in cls.processes:
+                process.join(cls.EXIT_WAIT_S)
+            for process in cls.processes:
+                if process.is_alive() and process.pid is not None:
+                    os.kill(process.pid, signal.SIGUSR1)  # its stacks, then gone
+                    process.join(5)
+                    process.kill()
+                    process.join()
+        super().tearDownClass()
 
     def reset_rank(self) -> None:
         """Per-test reset on every rank; extend it for a test module's own state."""
