@@ -7,7 +7,7 @@ all of a graph's collective ops in the scheduler, one session per process
 group, each candidate timed with its pointwise epilogue.  See
 ``torch/_inductor/collective_autotuning/deferral.py``.
 
-Six tables, from one run of this script (gloo, ``--nproc`` local ranks
+Five tables, from one run of this script (gloo, ``--nproc`` local ranks
 per launch, one process each, rendezvous over env://):
 
 0. **Compile wall time** of a program of n identical all_reduce custom ops
@@ -47,12 +47,6 @@ per launch, one process each, rendezvous over env://):
      slower ranks;
    - ``sync V2/V1``: V2's pre-sync + exchange sync as a share of V1's.
 
-   **Builds** (``--tables builds``): the same programs, ``compile`` only,
-   with each candidate's kernel builds left running while the next
-   candidates lower (the stack's ``compile_in_background``) against each
-   candidate's compile waiting for its own builds; ``--repeats`` launches
-   per cell, interleaved, median.  Whether the deferral pays.
-
 2. **The protocol alone**, for the same ops: ``CollectiveBenchmarker`` driven
    directly with the three implementations as candidates (already compiled),
    after a barrier, so that no rank waits for another's compilation: one
@@ -76,7 +70,7 @@ per launch, one process each, rendezvous over env://):
 
 Usage:
   python scripts/bench_collective_autotuning.py [--nproc 2,4] [--ops 1,3,8] [--runs 50]
-      [--compare-with REV] [--tables compile,overhead,builds,protocol,compare,block] [--compile-ops 1,3d,8d,32]
+      [--compare-with REV] [--tables compile,overhead,protocol,compare,block] [--compile-ops 1,3d,8d,32]
       [--repeats 3] [--cache-dirs host|rank]
 """
 
@@ -99,9 +93,6 @@ from torch.testing._internal.distributed.collective_autotuning_jobs import (
 NWARMUP, NRUNS = 3, 10
 # The cache directory a launch's ranks share (the compile and overhead tables).
 CACHE_DIR_ENV = "BENCH_AUTOTUNING_CACHE_DIR"
-# Set in a rank's environment (the builds table): each candidate's compile
-# waits for its own kernel builds, as without compile_in_background's deferral.
-SEQUENTIAL_BUILDS_ENV = "BENCH_AUTOTUNING_SEQUENTIAL_BUILDS"
 COUNTERS = (
     "presync",
     "prepare_s",
@@ -133,12 +124,6 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
 
     # The launch's cache directory when the driver gives one (shared by its
     # ranks, as a host's ranks share /tmp/torchinductor_<user>), else one per rank.
-    if os.environ.get(SEQUENTIAL_BUILDS_ENV):
-        import contextlib
-
-        from torch._inductor.collective_autotuning import choices
-
-        choices._kernel_waits_deferred = lambda: contextlib.nullcontext([])
     if os.environ.get(CACHE_DIR_ENV):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ[CACHE_DIR_ENV]
     else:
@@ -491,50 +476,6 @@ def overhead_table(nprocs: list[int], op_counts: list[int], shared_cache: bool) 
                 )
 
 
-def builds_table(
-    nprocs: list[int], op_counts: list[int], repeats: int, shared_cache: bool
-) -> None:
-    print(
-        "\nCompiling the candidates (slowest rank, seconds; median of "
-        f"{repeats} launches per cell, interleaved): each candidate's kernel builds "
-        "left running while the next candidates lower (deferred, the stack's "
-        "compile_in_background) or waited for by each compile (sequential); "
-        f"Inductor's caches off, {cache_dirs_label(shared_cache)}\n"
-    )
-    print("| ranks | ops | path | deferred | sequential | sequential / deferred |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for nproc in nprocs:
-        for nops in op_counts:
-            for path in ("V1", "V2"):
-                times: dict[str, list[float]] = {"deferred": [], "sequential": []}
-                for _ in range(repeats):
-                    for builds in times:
-                        env = (
-                            {SEQUENTIAL_BUILDS_ENV: "1"}
-                            if builds == "sequential"
-                            else {}
-                        )
-                        with tempfile.TemporaryDirectory(
-                            prefix="bench-builds-"
-                        ) as cache:
-                            if shared_cache:
-                                env[CACHE_DIR_ENV] = cache
-                            reports = launch_ranks(
-                                __file__,
-                                nproc,
-                                ["overhead", path, str(nops), "0"],
-                                env=env,
-                            )
-                        times[builds].append(max(r["prepare_s"] for r in reports))
-                deferred = statistics.median(times["deferred"])
-                sequential = statistics.median(times["sequential"])
-                print(
-                    f"| {nproc} | {nops} | {path} | {deferred:.2f} | {sequential:.2f} "
-                    f"| {sequential / deferred:.2f} |",
-                    flush=True,
-                )
-
-
 def protocol_table(nprocs: list[int], op_counts: list[int]) -> None:
     print(
         "\nThe protocol alone: candidates already compiled, ranks entering together (after a barrier); "
@@ -709,8 +650,6 @@ def main() -> None:
         )
     if "overhead" in tables:
         overhead_table(nprocs, op_counts, args.cache_dirs == "host")
-    if "builds" in tables:
-        builds_table(nprocs, op_counts, args.repeats, args.cache_dirs == "host")
     if "protocol" in tables:
         protocol_table(nprocs, op_counts)
     if "compare" in tables:

@@ -29,21 +29,15 @@ range), so the benchmark itself costs about the same at every size; what
 dynamic shapes add is the symbolic compilation of every candidate, and what
 ranges add is one decision per range and the ``torch.cond`` dispatch.
 
-The last column splits the compilation of the candidates (the benchmarker's
-``prepare_s``, slowest rank) into lowering them (Python, on the compiling
-thread) and waiting for their kernel builds (Inductor's compile workers),
-which all candidates' lowering leaves running together (patch 0015).
-``--sequential-builds`` waits for each candidate's builds before lowering
-the next, as before that patch, for comparison.
+The last column is the compilation of the candidates (the benchmarker's
+``prepare_s``, slowest rank).
 
 Usage:
   python scripts/bench_collective_programs.py [--nproc 2] [--repeats 3] [--rows 256]
       [--cols 256] [--upper 1024] [--programs static,dynamic,mark,ranges2,ranges4]
-      [--sequential-builds]
 """
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -80,11 +74,6 @@ def worker(program: str, path: str, args: argparse.Namespace, out_dir: Path) -> 
 
     from demo_collective_autotuning import all_reduce_op
 
-    if args.sequential_builds:
-        from torch._inductor.collective_autotuning import choices
-
-        # Each candidate's kernel builds waited for as its module loads.
-        choices._kernel_waits_deferred = lambda: contextlib.nullcontext([])
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
     group_name = dist.group.WORLD.group_name
@@ -138,7 +127,6 @@ def worker(program: str, path: str, args: argparse.Namespace, out_dir: Path) -> 
         "decisions": counters["collective_autotuning"]["ops"],
         "candidates": candidates,
         "prepare_s": counters["collective_autotuning"]["prepare_s"],
-        "build_wait_s": counters["collective_autotuning"]["build_wait_s"],
     }
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
@@ -155,7 +143,6 @@ def main() -> None:
     parser.add_argument("--cols", type=int, default=256)
     parser.add_argument("--upper", type=int, default=1024)
     parser.add_argument("--programs", default=",".join(PROGRAMS))
-    parser.add_argument("--sequential-builds", action="store_true")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--program", help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
@@ -168,7 +155,6 @@ def main() -> None:
 
     programs = args.programs.split(",")
     sizes = [
-        *(["--sequential-builds"] if args.sequential_builds else []),
         "--rows",
         str(args.rows),
         "--cols",
@@ -211,25 +197,17 @@ def main() -> None:
         return statistics.median(r[field] for r in reports[(program, path)])
 
     def compiling(program: str, path: str) -> str:
-        total = median(program, path, "prepare_s")
-        waiting = median(program, path, "build_wait_s")
-        return f"{total - waiting:.2f} + {waiting:.2f}"
+        return f"{median(program, path, 'prepare_s'):.2f}"
 
     print(
         f"torch {torch.__version__}, gloo, {args.nproc} ranks, {os.cpu_count()} CPUs, "
         f"caches off; x: {args.rows} x {args.cols} float32, ranges up to {args.upper} rows; "
-        f"first call, slowest rank, median of {args.repeats} launches; seconds"
-        + (
-            "; each candidate's kernel builds waited for in turn"
-            if args.sequential_builds
-            else ""
-        )
-        + "\n"
+        f"first call, slowest rank, median of {args.repeats} launches; seconds\n"
     )
     print(
         "| program | untuned | V1 | V2 | V1 vs static | V2 vs static "
         "| sessions V1 / V2 | decisions (candidates) V1 / V2 "
-        "| candidates compiled V1 / V2: lowering + waiting for builds |"
+        "| compiling the candidates V1 / V2 |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for program in programs:

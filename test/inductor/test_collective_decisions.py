@@ -9,9 +9,8 @@ Inductor's choices in ``test_collective_choices.py``):
   out round is retried when retries are configured, timed runs are
   interleaved in the shared order, the decision log shows
   every rank's status and the reason, and misuse (no process group, two
-  defaults) is a clear error.  Every candidate's preparation starts before
-  any is waited for (their kernel builds overlap), and a candidate whose
-  build fails is disqualified.  A batch of ops (the scheduler path) has one
+  defaults) is a clear error.  A candidate whose compile (its preparation)
+  fails is disqualified.  A batch of ops (the scheduler path) has one
   join and screens each op's candidates against that op's own default.  A
   candidate disqualified before it runs (unsafe on gloo, or calling a
   collective known to crash the group's backend) is not compiled, nor run.
@@ -506,65 +505,31 @@ class TestStoreLifetime(TestCase):
 
 
 class TestPreparation(OneRankGroupTestCase):
-    """Candidates' compilations overlap: every one starts before any is waited for."""
+    """Each candidate is compiled once before it runs; one whose compile fails is out."""
 
-    def test_every_preparation_starts_before_any_is_finished(self):
-        events = []
+    def test_a_candidate_whose_preparation_fails_is_disqualified(self):
+        prepared = []
 
-        def prepare(name, finish_raises=False):
-            def finish():
-                events.append(("finish", name))
-                if finish_raises:
-                    raise RuntimeError(f"build of {name} failed")
+        def prepare(name, raises=False):
+            def compile():
+                prepared.append(name)
+                if raises:
+                    raise RuntimeError(f"compile of {name} failed")
 
-            def start():
-                events.append(("start", name))
-                return finish
-
-            return start
+            return compile
 
         out = torch.ones(2)
         candidates = [
             ct.Candidate("default", lambda: out, is_default=True),
             ct.Candidate("a", lambda: out, prepare=prepare("a")),
-            ct.Candidate("b", lambda: out, prepare=prepare("b", finish_raises=True)),
-            # A preparation that finishes at once returns no callable.
-            ct.Candidate("c", lambda: out, prepare=lambda: events.append(("c",))),
+            ct.Candidate("b", lambda: out, prepare=prepare("b", raises=True)),
         ]
         decision = cb.CollectiveBenchmarker(None, self.config).run(candidates, key="op")
-        self.assertEqual(
-            events,
-            [("start", "a"), ("start", "b"), ("c",), ("finish", "a"), ("finish", "b")],
-        )
+        self.assertEqual(prepared, ["a", "b"])
         statuses = {result.name: result.status for result in decision.results}
         self.assertEqual(
-            statuses,
-            {"default": Status.OK, "a": Status.OK, "b": Status.RAISED, "c": Status.OK},
+            statuses, {"default": Status.OK, "a": Status.OK, "b": Status.RAISED}
         )
-
-    def test_compile_in_background_leaves_the_kernel_builds_running(self):
-        from concurrent.futures import Future
-
-        from torch._inductor.async_compile import AsyncCompile
-        from torch._inductor.collective_autotuning.choices import compile_in_background
-
-        build = Future()  # a kernel's build, handed to the compile workers
-        build.set_result("built kernel")
-        scope = {"kernel": build}
-
-        def compile():
-            # What a compiled module's load does: wait for its kernels.
-            AsyncCompile().wait(scope)
-
-        with torch._inductor.config.patch(compile_threads=2):
-            finish = compile_in_background(compile)()
-            self.assertIs(scope["kernel"], build)  # not waited for yet
-            finish()
-            self.assertEqual(scope["kernel"], "built kernel")
-            # Outside a candidate's preparation, a module's load waits as before.
-            scope["kernel"] = build
-            compile()
-            self.assertEqual(scope["kernel"], "built kernel")
 
 
 class TestCompiledOnlyIfItCanRun(OneRankGroupTestCase):

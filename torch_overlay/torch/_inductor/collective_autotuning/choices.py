@@ -9,15 +9,12 @@ the join instead of desynchronizing the others), and builds the runner of
 each choice on fixed benchmark inputs.
 
 A choice compiles on its first use; as a candidate, it compiles in its
-``prepare`` (:func:`compile_in_background`), which leaves the builds of its
-kernels running (Inductor's compile workers), so that the benchmarker starts
-every candidate's builds, and lowers the next candidates meanwhile, before it
-waits for any of them.
+``prepare`` (:func:`compile_as_candidate`), which the benchmarker runs after
+the join, and only for a candidate that the group benchmarks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any, TYPE_CHECKING
 
@@ -58,7 +55,7 @@ from .settings import benchmark_config, candidate_compile_settings
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Sequence
 
 
 __all__ = [
@@ -67,7 +64,7 @@ __all__ = [
     "candidate_names",
     "choices_identity",
     "collective_candidates",
-    "compile_in_background",
+    "compile_as_candidate",
     "report_untimed",
 ]
 
@@ -121,7 +118,7 @@ def collective_candidates(
                 _choice_runner(choice, inputs, output),
                 is_default=is_default,
                 # Subgraph choices compile lazily on their first run.
-                prepare=compile_in_background(choice._ensure_compiled)
+                prepare=compile_as_candidate(choice._ensure_compiled)
                 if hasattr(choice, "_ensure_compiled")
                 else None,
                 signature=collective_signature(choice),
@@ -132,45 +129,16 @@ def collective_candidates(
     return candidates, f"{shapes}"
 
 
-@contextlib.contextmanager
-def _kernel_waits_deferred() -> Iterator[list[tuple[Any, dict[str, Any]]]]:
-    # Modules loaded on this thread meanwhile return with their kernels
-    # still building; yields the (AsyncCompile, module scope) pairs to wait on.
-    from torch._inductor import async_compile
+def compile_as_candidate(compile: Callable[[], object]) -> Callable[[], None]:
+    """A candidate's ``prepare``: ``compile``, under :func:`~.settings.candidate_compile_settings`.
 
-    state = async_compile._deferred_waits
-    outer = getattr(state, "scopes", None)
-    scopes: list[tuple[Any, dict[str, Any]]] = []
-    state.scopes = scopes
-    try:
-        yield scopes
-    finally:
-        state.scopes = outer
-
-
-def compile_in_background(
-    compile: Callable[[], object],
-) -> Callable[[], Callable[[], None]]:
-    """A candidate's ``prepare``: ``compile``, leaving its kernel builds running.
-
-    The returned ``prepare`` lowers and generates code as ``compile`` does,
-    on this thread, and returns a callable that waits for the kernels it
-    started building (and raises a build's error), without which the
-    compiled module must not run.  Kernels are built by Inductor's compile
-    workers (``compile_threads``); with one thread, ``compile`` builds them
-    itself and the callable has nothing to wait for.  ``compile`` runs under
-    :func:`~.settings.candidate_compile_settings`: it issues no collective.
+    Any rank may call it, alone: under those settings ``compile`` issues no
+    collective over the job's ranks.  Raises what ``compile`` raises.
     """
 
-    def prepare() -> Callable[[], None]:
-        with _kernel_waits_deferred() as scopes, candidate_compile_settings():
+    def prepare() -> None:
+        with candidate_compile_settings():
             compile()
-
-        def finish() -> None:
-            for async_compile, scope in scopes:
-                async_compile.wait(scope)
-
-        return finish
 
     return prepare
 

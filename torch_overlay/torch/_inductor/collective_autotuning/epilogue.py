@@ -32,7 +32,7 @@ from typing import Any, TYPE_CHECKING
 
 import torch
 from torch._inductor import config, ir
-from torch._inductor.collective_autotuning.choices import compile_in_background
+from torch._inductor.collective_autotuning.choices import compile_as_candidate
 from torch._inductor.collective_autotuning.collective_graphs import is_collective
 from torch._inductor.runtime.collective_benchmarking.rules import first_tensor
 from torch._inductor.utils import convert_shape_to_inductor
@@ -351,7 +351,7 @@ def time_with_epilogue(
             def fn(fused: Any = fused) -> Any:
                 return fused.benchmark_collective(*inputs, *extras, out=epilogue_out)
 
-            prepare = compile_in_background(fused._ensure_compiled)
+            prepare = compile_as_candidate(fused._ensure_compiled)
         else:
             if epilogue_only is None:
                 epilogue_only = _with_epilogue_caller(None, node, epilogue)
@@ -362,25 +362,20 @@ def time_with_epilogue(
                     first_tensor(run()), *extras, out=epilogue_out
                 )
 
-            prepare = _both(
-                candidate.prepare, compile_in_background(alone._ensure_compiled)
+            prepare = _then(
+                candidate.prepare, compile_as_candidate(alone._ensure_compiled)
             )
         timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
     return timed
 
 
-def _both(
-    first: Callable[[], Any] | None, second: Callable[[], Any]
-) -> Callable[[], Callable[[], None]]:
-    # Both preparations, each started now; the returned callable finishes both.
-    def prepare() -> Callable[[], None]:
-        finishers = [first() if first is not None else None, second()]
-
-        def finish() -> None:
-            for finisher in finishers:
-                if callable(finisher):
-                    finisher()
-
-        return finish
+def _then(
+    first: Callable[[], object] | None, second: Callable[[], object]
+) -> Callable[[], None]:
+    # Both preparations, in order.
+    def prepare() -> None:
+        if first is not None:
+            first()
+        second()
 
     return prepare

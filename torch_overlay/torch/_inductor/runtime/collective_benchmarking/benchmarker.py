@@ -237,7 +237,7 @@ class CollectiveBenchmarker:
         ]
         prepared = time.perf_counter()
         with timed("compile", "prepare", **run.metadata):
-            prepare_errors = _prepare(to_prepare, self.group_name)
+            prepare_errors = _prepare(to_prepare)
         compile_s = time.perf_counter() - prepared
         if to_prepare:
             # Members compile for different times: the first warmup's
@@ -280,33 +280,19 @@ class CollectiveBenchmarker:
 
 def _prepare(
     to_prepare: Sequence[tuple[tuple[int, int], str, Callable[[], Any]]],
-    group_name: str,
 ) -> dict[tuple[int, int], BaseException]:
     # Run the given preparations, keyed by their candidate's (op, candidate)
-    # position in the session: start every candidate's compilation, then
-    # wait for what each left running (kernel builds, which overlap each
-    # other and the next candidates' lowering).  Returns the positions that
-    # failed, with their errors (agree_after_compiling disqualifies them).
+    # position in the session.  Returns the positions that failed, with
+    # their errors (agree_after_compiling disqualifies them).
     failed: dict[tuple[int, int], BaseException] = {}
-
-    def attempt(position: tuple[int, int], name: str, step: Callable[[], Any]) -> Any:
+    for position, name, prepare in to_prepare:
         try:
-            return step()
+            prepare()
         except Exception as error:
             log.warning(
                 "collective autotuning: preparing %s failed", name, exc_info=True
             )
             failed[position] = error
-            return None
-
-    running = []
-    for position, name, prepare in to_prepare:
-        finish = attempt(position, name, prepare)
-        if callable(finish):
-            running.append((position, name, finish))
-    with timed("build_wait", group=group_name, candidates=len(running)):
-        for position, name, finish in running:
-            attempt(position, name, finish)
     return failed
 
 

@@ -136,10 +136,8 @@ class Candidate:
     does the candidate's local one-time work (compilation): it runs on every
     rank after the join, only when the group benchmarks the op, and before a
     rendezvous, so that its duration, which differs between ranks, is not
-    charged to a bounded collective step.  It may leave work running (kernel
-    builds) and return a callable that waits for it: every candidate's
-    ``prepare`` is called before any of these callables, so that the work
-    of all candidates overlaps.  ``signature``
+    charged to a bounded collective step; a candidate whose ``prepare``
+    raises on any rank is disqualified on every rank.  ``signature``
     describes the collectives ``fn`` issues (see ``collective_signature``):
     a candidate whose signature is not the same on every member is
     disqualified at the join, without running.

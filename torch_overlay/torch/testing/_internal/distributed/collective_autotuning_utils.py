@@ -180,6 +180,9 @@ class RankProcessesTestCase(MultiProcContinuousTest):
     timeout = datetime.timedelta(seconds=300)
     # How long tearDownClass waits for the ranks to leave their last test.
     EXIT_WAIT_S = 60
+    # Set by MultiProcContinuousTest when it spawns the ranks.
+    processes: list[Any]
+    task_queues: list[Any]
 
     @classmethod
     def backend_str(cls) -> str:
