@@ -81,7 +81,6 @@ class RecordingChannel:
     def __init__(self, posts):
         self.posts = posts
         self.calls: list[str] = []
-        self.group = self  # what phase_metadata reads: group.group_name
         self.group_name = "g"
         self.timeout = timedelta(seconds=1)
 
@@ -174,7 +173,7 @@ class TestFailureAgreements(TestCase):
 
     def agree(self, posts, retries=0):
         channel = RecordingChannel(posts)
-        agreements = FailureAgreements(self.PLANS, {}, retries, channel)
+        agreements = FailureAgreements(self.PLANS, {}, retries, channel, {})
         resume = agreements.agree(self.SCHEDULE, posts[0])
         self.assertEqual(channel.calls, ["rebuild failure agreement", "gather"])
         return agreements, resume

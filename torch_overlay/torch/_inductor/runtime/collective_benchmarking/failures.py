@@ -41,7 +41,6 @@ __all__ = [
     "FailureReport",
     "first_desynchronized",
     "FailureAgreements",
-    "phase_metadata",
     "Resume",
     "Step",
     "StepFailed",
@@ -121,17 +120,6 @@ def first_desynchronized(
                 for count in counts
             )
     return None
-
-
-def phase_metadata(
-    channel: BenchmarkChannel, plans: Sequence[tuple[str, Sequence[Candidate]]]
-) -> dict[str, Any]:
-    # What each phase's compile event names: the group, and how many
-    # candidates the session benchmarks (the ops' own, without twins).
-    return {
-        "group": channel.group.group_name,
-        "candidates": sum(len(candidates) for _, candidates in plans),
-    }
 
 
 def classify(error: BaseException) -> CandidateStatus:
@@ -269,10 +257,12 @@ class FailureAgreements:
         excluded: dict[tuple[int, int], CandidateResult],
         retries: int,
         channel: BenchmarkChannel,
+        metadata: dict[str, Any],
     ) -> None:
         self.plans = plans
         self.retries = retries
         self.channel = channel
+        self.metadata = metadata  # what the agreements' compile events name
         self.competing = [
             [(op, index) not in excluded for index in range(len(candidates))]
             for op, (_, candidates) in enumerate(plans)
@@ -337,9 +327,7 @@ class FailureAgreements:
         # Every member's report, gathered on a new channel: the agreement.
         counters["collective_autotuning"]["failure_agreements"] += 1
         what = "failure agreement"
-        with timed(
-            "failure_agreement", "sync", **phase_metadata(self.channel, self.plans)
-        ):
+        with timed("failure_agreement", "sync", **self.metadata):
             self.channel.rebuild(what)
             timeout = self.channel.timeout
             posts = self.channel.everyone(

@@ -131,7 +131,7 @@ class SessionRun:
         # exchange, the next the commit (a member whose commit completed keeps
         # no record of it: docs/modules.md, "session.py").
         agreements = FailureAgreements(
-            self.plans, self.excluded, self.config.retries, self.channel
+            self.plans, self.excluded, self.config.retries, self.channel, self.metadata
         )
         local = LocalOutcomes()
         gathered: list[list[float]] | None = None
