@@ -20,7 +20,8 @@ is needed):
   the session, one per group and reused while healthy; its collectives
   (floats, ints, JSON objects) and functional collectives by the group's
   name (while ``registered``, then the name is the user's group again) are
-  right, and it counts the collectives issued on it; a dropped channel, or
+  right, issued outside the Python dispatcher, and it counts the
+  collectives issued on it; a dropped channel, or
   one of another timeout, is never handed out again.
 * A step that needs every member and fails drops the channel and raises
   ``CollectiveBenchmarkError``; a member that comes to a rebuild after the
@@ -35,6 +36,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch._dispatch.python import enable_python_dispatcher
 from torch._dynamo.utils import compilation_time_metrics, compile_times, counters
 from torch._inductor.runtime.collective_benchmarking import (
     channels as cc,
@@ -189,6 +191,33 @@ class TestBenchmarkChannel(OneRankGroupTestCase):
         group.allreduce([tensor]).wait()
         self.assertEqual(tensor, torch.arange(4.0))
         self.assertEqual(channel.collectives_issued(), issued + 1)
+
+    def test_collectives_are_issued_outside_the_python_dispatcher(self):
+        # Inductor's lowering enables it; a gloo collective issued under it
+        # can deadlock (docs/upstream/gloo-python-dispatcher-deadlock.md).
+        channel = self.channel()
+        group = channel.get()
+        enabled = []
+
+        class Recording:
+            def __getattr__(self, name):
+                def call(*args):
+                    enabled.append(
+                        torch._C._dispatch_tls_is_dispatch_key_included(
+                            torch._C.DispatchKey.PythonDispatcher
+                        )
+                    )
+                    return getattr(group, name)(*args)
+
+                return call
+
+        with (
+            mock.patch.object(channel, "get", return_value=Recording()),
+            enable_python_dispatcher(),
+        ):
+            self.assertEqual(channel.all_reduce_max(3.5), 3.5)
+            self.assertEqual(channel.all_gather([1.0]), [[1.0]])
+        self.assertEqual(enabled, [False, False])
 
     def test_functional_collectives_run_on_the_registered_channel(self):
         channel, name = self.channel(), self.world.group_name

@@ -23,6 +23,7 @@ from typing import Any, TYPE_CHECKING, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch._dispatch.python import no_python_dispatcher
 from torch._dynamo.utils import counters
 
 from .channel_builder import build_channel, served_backends
@@ -329,7 +330,7 @@ class BenchmarkChannel:
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.MAX
         options.timeout = self.timeout
-        self._wait(self.get().allreduce([tensor], options), self.timeout)
+        self._complete(lambda: self.get().allreduce([tensor], options), self.timeout)
         _count_bytes(2 * tensor.nbytes)
         return float(tensor.item())
 
@@ -338,16 +339,23 @@ class BenchmarkChannel:
         gathered = [torch.empty_like(tensor) for _ in range(self.group.size())]
         options = dist.distributed_c10d.AllgatherOptions()
         options.timeout = wait
-        self._wait(self.get().allgather([gathered], [tensor], options), wait)
+        self._complete(
+            lambda: self.get().allgather([gathered], [tensor], options), wait
+        )
         _count_bytes(tensor.nbytes * (1 + len(gathered)))
         return gathered
 
     @staticmethod
-    def _wait(work: dist.Work, wait: timedelta) -> None:
+    def _complete(issue: Callable[[], dist.Work], wait: timedelta) -> None:
         # The option bounds the collective where the backend reads it (gloo);
-        # the wait bounds it everywhere.
+        # the wait bounds it everywhere.  Inductor lowers and schedules under
+        # enable_python_dispatcher(), which holds the GIL while gloo enqueues
+        # a collective: against gloo's own thread, a deadlock that no timeout
+        # ends (docs/upstream/gloo-python-dispatcher-deadlock.md).
         started = time.monotonic()
-        if work.wait(wait) is False:
+        with no_python_dispatcher():
+            done = issue().wait(wait)
+        if done is False:
             raise CollectiveBenchmarkTimeout(
                 "a benchmark collective did not complete within "
                 f"{time.monotonic() - started:.1f}s"
