@@ -273,7 +273,7 @@ class BenchmarkChannel:
                 unknown = " (the job's store is unreachable)" if absent is None else ""
                 message = f"{what} failed on group {self.group.group_name!r}{unknown}: {cause}"
             raise CollectiveBenchmarkError(
-                f"collective autotuning: {message}"
+                "collective autotuning: " + message
             ) from error
 
     @contextmanager
@@ -330,7 +330,7 @@ class BenchmarkChannel:
         options = dist.AllreduceOptions()
         options.reduceOp = dist.ReduceOp.MAX
         options.timeout = self.timeout
-        self._complete(lambda: self.get().allreduce([tensor], options), self.timeout)
+        self._complete(self.get().allreduce, self.timeout, [tensor], options)
         _count_bytes(2 * tensor.nbytes)
         return float(tensor.item())
 
@@ -339,22 +339,18 @@ class BenchmarkChannel:
         gathered = [torch.empty_like(tensor) for _ in range(self.group.size())]
         options = dist.distributed_c10d.AllgatherOptions()
         options.timeout = wait
-        self._complete(
-            lambda: self.get().allgather([gathered], [tensor], options), wait
-        )
+        self._complete(self.get().allgather, wait, [gathered], [tensor], options)
         _count_bytes(tensor.nbytes * (1 + len(gathered)))
         return gathered
 
     @staticmethod
-    def _complete(issue: Callable[[], dist.Work], wait: timedelta) -> None:
-        # The option bounds the collective where the backend reads it (gloo);
-        # the wait bounds it everywhere.  Inductor lowers and schedules under
-        # enable_python_dispatcher(), which holds the GIL while gloo enqueues
-        # a collective: against gloo's own thread, a deadlock that no timeout
-        # ends (docs/upstream/gloo-python-dispatcher-deadlock.md).
+    def _complete(issue: Callable[..., dist.Work], wait: timedelta, *args: Any) -> None:
+        # The option bounds the collective where the backend reads it (gloo),
+        # the wait everywhere.  Not under the lowering's Python dispatcher, which
+        # deadlocks gloo (docs/upstream/gloo-python-dispatcher-deadlock.md).
         started = time.monotonic()
         with no_python_dispatcher():
-            done = issue().wait(wait)
+            done = issue(*args).wait(wait)
         if done is False:
             raise CollectiveBenchmarkTimeout(
                 "a benchmark collective did not complete within "

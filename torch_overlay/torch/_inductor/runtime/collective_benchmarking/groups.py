@@ -70,8 +70,7 @@ def registered_group(name: str) -> dist.ProcessGroup | None:
 
 
 def _ranks_text(ranks: list[int]) -> str:
-    # Global ranks in order, runs of consecutive ranks as "a-b": compact at
-    # thousands of ranks.
+    # Runs of consecutive ranks as "a-b": compact at thousands of ranks.
     runs: list[list[int]] = []
     for rank in ranks:
         if runs and rank == runs[-1][1] + 1:
@@ -124,8 +123,7 @@ class RollCall:
             return False
 
     def absent(self) -> list[int] | None:
-        """Check in; the group ranks that do not within ``wait``, None when the
-        store cannot be reached."""
+        """Check in; the group ranks that do not within ``wait`` (None: no store)."""
         store, prefix = self.group.get_group_store(), self.prefix
         try:
             # Missing from Store's stubs; every c10d store implements it.
