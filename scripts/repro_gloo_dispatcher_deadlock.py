@@ -11,6 +11,9 @@ Patterns (--op):
   funcol          torch.ops._c10d_functional.all_reduce + wait_tensor (what compiled code runs)
   custom_funcol   a torch.library.custom_op whose Python impl does the two calls above
   custom_eager    a torch.library.custom_op whose Python impl does dist.all_reduce (sync)
+  pg_allgather    ProcessGroup.allgather + Work.wait from Python (the benchmark channel's
+                  own collectives before they left the Python dispatcher)
+  channel         BenchmarkChannel.all_gather (the protocol's join and agreements now)
 
 States (--mode):
   none            nothing enabled
@@ -62,6 +65,33 @@ def rank_main(args) -> None:
         y = torch.ops._c10d_functional.all_reduce(x, "sum", group_name)
         return torch.ops._c10d_functional.wait_tensor(y)
 
+    def pg_allgather(x, group_name):
+        gathered = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.group.WORLD.allgather([gathered], [x]).wait()
+        return sum(gathered)
+
+    channels = []
+
+    def channel(x, group_name):
+        # One benchmark channel of the default group, built on first use.
+        from datetime import timedelta
+
+        from torch._inductor.runtime.collective_benchmarking.channels import (
+            BenchmarkChannel,
+        )
+        from torch._inductor.runtime.collective_benchmarking.types import (
+            CollectiveBenchmarkConfig,
+        )
+
+        if not channels:
+            config = CollectiveBenchmarkConfig(timeout=timedelta(seconds=60))
+            channels.append(
+                BenchmarkChannel(dist.group.WORLD, torch.device("cpu"), config)
+            )
+            channels[0].start_session()
+        rows = channels[0].all_gather(x.tolist())
+        return torch.tensor(rows).sum(dim=0)
+
     class PassThrough(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
@@ -85,6 +115,8 @@ def rank_main(args) -> None:
         "funcol": funcol,
         "custom_funcol": custom_funcol,
         "custom_eager": custom_eager,
+        "pg_allgather": pg_allgather,
+        "channel": channel,
     }[args.op]
     expected = float(sum(range(dist.get_world_size())))
     with state():
@@ -231,7 +263,9 @@ def main() -> None:
     parser.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--nproc", type=int, default=3)
     parser.add_argument(
-        "--op", choices=["funcol", "custom_funcol", "custom_eager"], default="funcol"
+        "--op",
+        choices=["funcol", "custom_funcol", "custom_eager", "pg_allgather", "channel"],
+        default="funcol",
     )
     parser.add_argument(
         "--mode",
