@@ -2,7 +2,7 @@
 """Compile-time cost and run-time effect of collective autotuning: V1 vs V2, side by side.
 
 V1 tunes each collective custom op while it is lowered (one session per op);
-V2 (``torch._inductor.config.defer_collective_autotuning``, the default) tunes
+V2 (``torch._inductor.config.defer_collective_autotuning``, off by default) tunes
 all of a graph's collective ops in the scheduler, one session per process
 group, each candidate timed with its pointwise epilogue.  See
 ``torch/_inductor/collective_autotuning/deferral.py``.
@@ -91,6 +91,14 @@ from torch.testing._internal.distributed.collective_autotuning_jobs import (
 )
 
 NWARMUP, NRUNS = 3, 10
+# --settings defaults: the compile table's sessions run with the autotuner's
+# own warmups and timed runs, as a user's do, instead of NWARMUP and NRUNS.
+SETTINGS_ENV = "BENCH_AUTOTUNING_SETTINGS"
+# A compile table's tuned path is V1 or V2, maybe with one integer setting of
+# torch._inductor.config: "V2:collective_benchmark_race_every=0".
+SETTING_SEP = ":"
+# The compile table's phases of tuning, from counters["collective_autotuning"].
+PHASES = ("prepare_s", "warmup_s", "timed_s")
 # The cache directory a launch's ranks share (the compile and overhead tables).
 CACHE_DIR_ENV = "BENCH_AUTOTUNING_CACHE_DIR"
 COUNTERS = (
@@ -172,13 +180,18 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
         )
 
     def path_patches(path: str, caches: bool = False) -> dict:
-        # "V1" or "V2" (or "default": no tuning).  caches: Inductor's
-        # defaults (on), else off.
-        patches = dict(
-            collective_benchmark_nruns=NRUNS,
-            inductor_default_autotune_warmup=NWARMUP,
-            defer_collective_autotuning=path == "V2",
-        )
+        # "V1" or "V2" (or "default": no tuning), maybe with a setting.
+        # caches: Inductor's defaults (on), else off.
+        path, _, setting = path.partition(SETTING_SEP)
+        patches: dict = dict(defer_collective_autotuning=path == "V2")
+        if os.environ.get(SETTINGS_ENV) != "defaults":
+            patches.update(
+                collective_benchmark_nruns=NRUNS,
+                collective_benchmark_nwarmup=NWARMUP,
+            )
+        if setting:
+            knob, _, value = setting.partition("=")
+            patches[knob] = int(value)
         if not caches:
             patches.update(fx_graph_cache=False, autotune_local_cache=False)
         if path == "default":  # no tuning: the op's eager implementation
@@ -312,7 +325,12 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
             start = time.perf_counter()
             compiled(*xs)
             report["first_call_s"] = time.perf_counter() - start
-        report["ops"] = counters["collective_autotuning"]["ops"]
+        report.update(
+            {
+                name: counters["collective_autotuning"][name]
+                for name in ("ops", *COUNTERS)
+            }
+        )
     elif mode == "overhead":
 
         def program(x):
@@ -379,13 +397,16 @@ def worker(mode: str, path: str, nops: int, runs: int, out_dir: Path) -> None:
 
 
 # --- driver ----------------------------------------------------------------------
-def launch(nproc: int, *worker_args: str, shared_cache: bool = False) -> list[dict]:
+def launch(
+    nproc: int, *worker_args: str, shared_cache: bool = False, settings: str = "bench"
+) -> list[dict]:
     """One launch's reports; ``shared_cache``: its ranks share one fresh cache directory."""
+    env = {SETTINGS_ENV: settings}
     if not shared_cache:
-        return launch_ranks(__file__, nproc, list(worker_args))
+        return launch_ranks(__file__, nproc, list(worker_args), env=env)
     with tempfile.TemporaryDirectory(prefix="bench-autotuning-host-") as cache:
         return launch_ranks(
-            __file__, nproc, list(worker_args), env={CACHE_DIR_ENV: cache}
+            __file__, nproc, list(worker_args), env={**env, CACHE_DIR_ENV: cache}
         )
 
 
@@ -398,16 +419,38 @@ def cache_dirs_label(shared_cache: bool) -> str:
 
 
 def compile_table(
-    nprocs: list[int], programs: list[str], repeats: int, shared_cache: bool
+    nprocs: list[int],
+    programs: list[str],
+    repeats: int,
+    shared_cache: bool,
+    tuned_paths: list[str],
+    settings: str,
 ) -> None:
-    paths = ("none", "V1", "V2")
+    paths = ("none", *tuned_paths)
+    runs = (
+        "the autotuner's default warmups and timed runs"
+        if settings == "defaults"
+        else f"{NWARMUP} warmup + {NRUNS} timed runs per candidate"
+    )
     print(
         "\nCompile wall time: first call of a program of n collective ops, each followed by relu(y * 0.5 + (i + 1)); "
         f"slowest rank, fresh processes, Inductor's caches on, {cache_dirs_label(shared_cache)}; "
-        f"median of {repeats} launches per path, interleaved; seconds\n"
+        f"{runs}; median of {repeats} launches per path, interleaved; seconds. "
+        "Compiling, warmups, timed runs: the candidates' compilation (with the first compile's "
+        "costs of a process, which the untuned path pays in its own compile: more than the "
+        "overhead, at times) and the sessions' warmups and timed runs (the slowest rank's, median)\n"
     )
-    print("| ranks | ops | no autotuning | V1 | V2 | overhead V1 | overhead V2 |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    tuned = " | ".join(tuned_paths)
+    print(
+        f"| ranks | ops | no autotuning | {tuned} | "
+        + " | ".join(f"overhead {p}" for p in tuned_paths)
+        + " | "
+        + " | ".join(
+            f"compiling {p} | warmups {p} | timed runs {p}" for p in tuned_paths
+        )
+        + " |"
+    )
+    print("| --- " * (3 + 5 * len(tuned_paths)) + "|")
     for nproc in nprocs:
         for program in programs:
             nops = -int(program[:-1]) if program.endswith("d") else int(program)
@@ -415,28 +458,36 @@ def compile_table(
             # Launches interleaved across the paths, median per path: one
             # launch's compile time swings by seconds on a shared machine.
             walls: dict[str, list[float]] = {path: [] for path in paths}
-            rows = {}
+            phases: dict[str, list[list[float]]] = {path: [] for path in paths}
             for _ in range(repeats):
                 for path in paths:
-                    rows[path] = launch(
+                    rows = launch(
                         nproc,
                         "compile",
                         path,
                         str(nops),
                         "0",
                         shared_cache=shared_cache,
+                        settings=settings,
                     )
-                    walls[path].append(max(r["first_call_s"] for r in rows[path]))
+                    walls[path].append(max(r["first_call_s"] for r in rows))
+                    phases[path].append([max(r[name] for r in rows) for name in PHASES])
             wall = {path: statistics.median(values) for path, values in walls.items()}
             overhead = {
                 path: f"{wall[path] - wall['none']:+.1f} s ({(wall[path] - wall['none']) / wall['none']:.0%})"
-                for path in paths[1:]
+                for path in tuned_paths
             }
             print(
                 f"| {nproc} | {label} | "
                 + " | ".join(f"{wall[path]:.1f}" for path in paths)
                 + " | "
-                + " | ".join(overhead[path] for path in paths[1:])
+                + " | ".join(overhead[path] for path in tuned_paths)
+                + " | "
+                + " | ".join(
+                    f"{statistics.median(launch[i] for launch in phases[path]):.2f}"
+                    for path in tuned_paths
+                    for i in range(len(PHASES))
+                )
                 + " |",
                 flush=True,
             )
@@ -615,6 +666,19 @@ def main() -> None:
         help="launches per path and cell of the compile table",
     )
     parser.add_argument(
+        "--compile-paths",
+        default="V1,V2",
+        help="tuned paths of the compile table, beside no autotuning: V1 or V2, "
+        f"each maybe with an integer setting (V2{SETTING_SEP}collective_benchmark_race_every=0)",
+    )
+    parser.add_argument(
+        "--settings",
+        choices=("bench", "defaults"),
+        default="bench",
+        help=f"compile table: {NWARMUP} warmup and {NRUNS} timed runs per candidate "
+        "(bench), or the autotuner's defaults (defaults)",
+    )
+    parser.add_argument(
         "--cache-dirs",
         choices=("host", "rank"),
         default="host",
@@ -634,19 +698,32 @@ def main() -> None:
         worker(mode, path, int(nops), int(runs), Path(args.out))
         return
     import torch
+    import torch._inductor.config as inductor_config
 
     nprocs = [int(n) for n in args.nproc.split(",")]
     print(
         f"torch {torch.__version__}, gloo, {os.cpu_count()} CPUs, {NWARMUP} warmup + {NRUNS} timed runs per candidate"
+        + (" (the compile table: --settings)" if args.settings == "defaults" else "")
     )
     op_counts = [int(n) for n in args.ops.split(",")]
     tables = args.tables.split(",")
+    for path in args.compile_paths.split(","):
+        base, _, setting = path.partition(SETTING_SEP)
+        knob, _, value = setting.partition("=")
+        valid_setting = hasattr(inductor_config, knob) and value.lstrip("-").isdigit()
+        if base not in ("V1", "V2") or (setting and not valid_setting):
+            parser.error(
+                f"--compile-paths: {path!r} is not V1 or V2, maybe with "
+                f"{SETTING_SEP}KNOB=INT of torch._inductor.config"
+            )
     if "compile" in tables:
         compile_table(
             nprocs,
             args.compile_ops.split(","),
             args.repeats,
             args.cache_dirs == "host",
+            args.compile_paths.split(","),
+            args.settings,
         )
     if "overhead" in tables:
         overhead_table(nprocs, op_counts, args.cache_dirs == "host")

@@ -190,7 +190,7 @@ def worker(scenario: str, timeout: float, out_dir: Path) -> None:
     start = time.time()
     patches = dict(
         collective_benchmark_nruns=NRUNS,
-        inductor_default_autotune_warmup=NWARMUP,
+        collective_benchmark_nwarmup=NWARMUP,
         collective_benchmark_timeout=timeout,
         fx_graph_cache=False,
         autotune_local_cache=False,

@@ -92,7 +92,12 @@ KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 # --- worker (one process per rank) --------------------------------------------------
 def worker(
-    kinds: list[str], sizes: list[int], compiles: int, oracle_runs: int, out_dir: Path
+    kinds: list[str],
+    sizes: list[int],
+    compiles: int,
+    oracle_runs: int,
+    out_dir: Path,
+    compare: dict[str, int] | None = None,
 ) -> None:
     import torch
     import torch._inductor.config as inductor_config
@@ -124,23 +129,27 @@ def worker(
         op = CASES[kind].op
         for size in sizes:
             x = make_input(size, rank, torch.device("cpu"))
-            # The autotuner's choice, compile after compile.
-            choices = []
+            # The autotuner's choice, compile after compile (and, with
+            # --compare, with its setting, interleaved with them).
+            choices: dict[str, list[str]] = {"choices": [], "choices_compared": []}
             for _ in range(compiles):
-                torch._dynamo.reset()
-                decision_cache._remembered.clear()
-                register_collective_implementations(op, kind)
-                recorder.selected.clear()
-                with (
-                    V.set_choices_handler(recorder),
-                    inductor_config.patch(
-                        fx_graph_cache=False,
-                        autotune_local_cache=False,
-                        max_autotune_report_choices_stats=False,
-                    ),
-                ):
-                    torch.compile(lambda x: op(x, group_name))(x)
-                choices.append(candidate_label(recorder.selected[-1], kind))
+                for field in choices if compare else ["choices"]:
+                    torch._dynamo.reset()
+                    decision_cache._remembered.clear()
+                    register_collective_implementations(op, kind)
+                    recorder.selected.clear()
+                    setting = compare if field == "choices_compared" else {}
+                    with (
+                        V.set_choices_handler(recorder),
+                        inductor_config.patch(
+                            fx_graph_cache=False,
+                            autotune_local_cache=False,
+                            max_autotune_report_choices_stats=False,
+                            **setting,
+                        ),
+                    ):
+                        torch.compile(lambda x: op(x, group_name))(x)
+                    choices[field].append(candidate_label(recorder.selected[-1], kind))
             # The oracle: every implementation compiled alone, and the eager default.
             programs = {DEFAULT: lambda x: op(x, group_name)}
             for name, (fn, params) in IMPLEMENTATIONS[kind].items():
@@ -169,9 +178,7 @@ def worker(
                 ]
                 for name in names
             }
-            cells.append(
-                {"kind": kind, "size": size, "choices": choices, "rounds_ms": rounds}
-            )
+            cells.append({"kind": kind, "size": size, **choices, "rounds_ms": rounds})
     if rank == 0:
         Path(out_dir, "cells.json").write_text(json.dumps(cells))
     dist.destroy_process_group()
@@ -183,6 +190,7 @@ def launch(nproc: int, args: argparse.Namespace) -> list[dict]:
         command = [
             sys.executable, __file__, "--worker", "--nproc", str(nproc), "--ops", args.ops, "--sizes", args.sizes,
             "--compiles", str(args.compiles), "--oracle-runs", str(args.oracle_runs), "--out", out_dir,
+            *(["--compare", args.compare] if args.compare else []),
         ]  # fmt: skip
         env = rank_env(nproc)
         ranks = [
@@ -495,37 +503,66 @@ def main() -> None:
     parser.add_argument("--ops", default=",".join(KINDS))
     parser.add_argument("--compiles", type=int, default=5)
     parser.add_argument("--oracle-runs", type=int, default=200)
+    parser.add_argument(
+        "--compare",
+        metavar="KNOB=INT",
+        help="also take the choice of as many compiles with this integer "
+        "torch._inductor.config setting (e.g. collective_benchmark_race_every=0), "
+        "interleaved with the defaults' compiles, against the same oracle",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    compare = None
+    if args.compare:
+        knob, _, value = args.compare.partition("=")
+        if not value.lstrip("-").isdigit():
+            parser.error(f"--compare takes KNOB=INT, got {args.compare!r}")
+        compare = {knob: int(value)}
     if args.worker:
         worker(args.ops.split(","), [int(s) for s in args.sizes.split(",")], args.compiles, args.oracle_runs,
-               Path(args.out))  # fmt: skip
+               Path(args.out), compare)  # fmt: skip
         return
     if args.oracle_runs < MIN_ROUNDS:
         parser.error(
             f"--oracle-runs must be at least {MIN_ROUNDS} for a 95% CI of a median"
         )
     import torch
+    import torch._inductor.config as inductor_config
 
     from demo_collective_autotuning import DEFAULT
+
+    if compare and not hasattr(inductor_config, knob):
+        parser.error(f"--compare: torch._inductor.config has no {knob!r}")
 
     print(
         f"torch {torch.__version__}, gloo, {os.cpu_count()} CPUs; autotuner defaults; {args.compiles} compiles per "
         f"cell; oracle: {args.oracle_runs} interleaved rounds, slowest rank per round, median; 95% CIs of "
         "medians from order statistics (binomial ranks); comparisons are medians of per-round (paired) ratios\n"
     )
-    rows = []
+    rows, rows_compared = [], []
     for nproc in [int(n) for n in args.nproc.split(",")]:
         print(f"## {nproc} ranks\n")
-        ranks_rows = [summarize(nproc, cell, DEFAULT) for cell in launch(nproc, args)]
+        cells = launch(nproc, args)
+        ranks_rows = [summarize(nproc, cell, DEFAULT) for cell in cells]
         rows += ranks_rows
         print_cells(ranks_rows)
         print_oracle(ranks_rows)
         print_matrix(nproc, ranks_rows)
+        if compare:
+            compared = [
+                summarize(nproc, {**cell, "choices": cell["choices_compared"]}, DEFAULT)
+                for cell in cells
+            ]
+            rows_compared += compared
+            print(f"\nWith {args.compare}, the same oracle:")
+            print_matrix(nproc, compared)
         print(flush=True)
     print("## Targets")
     print_targets(rows)
+    if compare:
+        print(f"\n## Targets, with {args.compare} (the same oracles)")
+        print_targets(rows_compared)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,9 @@ computes the same result through a genuinely different communication
 pattern, e.g. an all_reduce as reduce_scatter + all_gather, or in chunks.
 
 When ``torch.compile`` compiles the program, the autotuner benchmarks every
-candidate on every rank in lock-step (by default in the scheduler, each
-candidate timed with the pointwise ops that follow it;
-``TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING=0``: while the op is lowered) and
+candidate on every rank in lock-step (by default while the op is lowered;
+``TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING=1``: in the scheduler, each
+candidate timed with the pointwise ops that follow it) and
 ranks them by the slowest rank's median time, so all ranks pick the same
 winner.  This script
 
@@ -61,12 +61,15 @@ import torch
 import torch._inductor.config as inductor_config
 import torch.distributed as dist
 from torch._inductor.choices import InductorChoices
+from torch._inductor.collective_autotuning.choices import candidate_names
+from torch._inductor.collective_autotuning.settings import benchmark_config
 from torch._inductor.kernel.collective_implementations import (
     register_collective_implementations,
 )
 from torch._inductor.runtime.collective_benchmarking.channel_builder import (
     served_backends,
 )
+from torch._inductor.runtime.collective_benchmarking.reporting import explain
 from torch._inductor.runtime.collective_benchmarking.timing import timer_name
 from torch._inductor.select_algorithm import add_feedback_saver
 from torch._inductor.virtualized import V
@@ -190,9 +193,24 @@ class AutotuneRecorder(InductorChoices):
         self, timings, name, input_nodes, choices, profiled_time_fn, precompile_times
     ) -> None:
         self.timings.append(dict(timings))
-        # Collective timings carry the group's decision (AgreedTimings): why
-        # each candidate won or lost, and the rule that chose the winner.
-        self.why.append(timings.why())
+        # Collective timings carry the group's decision (AgreedTimings), from
+        # which the trace's reasons come: why each candidate won or lost, and
+        # the rule that chose the winner.  Timings are in the choices' order.
+        names = candidate_names(list(timings))
+        default = next((name for name, is_default in names if is_default), None)
+        notes = dict(
+            zip(
+                (result.name for result in timings.decision.results),
+                explain(timings.decision, default, benchmark_config().confidence),
+                strict=True,
+            )
+        )
+        self.why.append(
+            {
+                choice: notes[name]
+                for choice, (name, _) in zip(timings, names, strict=True)
+            }
+        )
         self.rules.append(timings.decision.rule.value)
         self.timers.append(timings.decision.timer)
 
@@ -354,7 +372,7 @@ def parse_args() -> argparse.Namespace:
         "--warmup",
         type=int,
         default=5,
-        help="warmup runs per candidate (inductor_default_autotune_warmup; default: %(default)s)",
+        help="warmup runs per candidate (collective_benchmark_nwarmup; default: %(default)s)",
     )
     parser.add_argument(
         "--device",
@@ -409,7 +427,7 @@ def main() -> int:
         V.set_choices_handler(recorder),
         inductor_config.patch(
             collective_benchmark_nruns=args.nruns,
-            inductor_default_autotune_warmup=args.warmup,
+            collective_benchmark_nwarmup=args.warmup,
             max_autotune_report_choices_stats=False,  # a JSON line per rank on stderr
         ),
     ):

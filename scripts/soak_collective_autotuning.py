@@ -6,7 +6,7 @@ a collective custom op of the demo (``scripts/demo_collective_autotuning.py``)
 with the implementations of ``torch._inductor.kernel.collective_implementations``
 registered, the kinds of ``--kinds`` (all_reduce, all_gather, reduce_scatter,
 all_to_all; repeat one to weigh it) and the sizes (``--sizes``, float32
-elements per rank) taken in turn, each kind under V2 (the default) and V1
+elements per rank) taken in turn, each kind under V2 and V1 (the default)
 alternately.  Dynamo is reset and remembered decisions are forgotten before
 each compile, and the FX graph cache is off, so that every session
 benchmarks.  After each session every rank checks the result exactly, and

@@ -82,7 +82,7 @@ GUARANTEES = {
     "V2: deferred to the scheduler, timed with the epilogue": (
         "deferral.py", "deferred_tuning.py", "epilogue.py", "inlining.py",
     ),
-    "the implementation library (0018, optional)": ("collective_implementations.py",),
+    "the implementation library (0019, optional)": ("collective_implementations.py",),
 }  # fmt: skip
 
 

@@ -144,6 +144,10 @@ class MembersOnlyGroupTest(MultiProcessTestCase):
             [self.rank], use_local_synchronization=True, group_name=f"mine{self.rank}"
         )
         self.assertIsNot(again, group)
+        # Nothing here ran on the default group: without a collective a rank
+        # could exit, closing its sockets, while a peer still connects its full
+        # mesh in init_process_group.
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -39,11 +39,13 @@ this file checks the scheduler-level behaviour
   tail can fuse with (so V2 times them alone, under V1's key), and the
   reverse: the second compile benchmarks nothing (every rank remembers the
   decision), runs no candidate while compiling, and runs the same winner.
-* The inlined winner adds no kernel: with ``include_fallback=False`` and the
-  in-place all_reduce winning, ``ar(x) @ w`` and ``ar(x) + 1`` launch as many
-  generated kernels under V2 as under V1 (the all_reduce_'s copy becomes the
-  op's buffer; no copy of it follows), the winner asserted on every rank and
-  the results exact.
+* The inlined winner adds no kernel: with ``include_fallback=False`` and,
+  in turn, the in-place all_reduce, one whose result is a reshape of its
+  all_gather's buffer, and one whose result is a slice of its buffer at an
+  offset winning, ``ar(x) @ w`` and ``ar(x) + 1`` launch as many generated
+  kernels under V2 as under V1 (the collective's buffer, or the view of it,
+  becomes the op's; no copy of it follows), the winner asserted on every
+  rank and the results exact.
 * A group's benchmark inputs and outputs are freed when its session ends
   (one rank): none is alive while the winners are inlined.
 """
@@ -149,6 +151,22 @@ def register_direct_and_rs_ag(**kwargs) -> None:
         configs=[CustomOpConfig(all_reduce_direct), CustomOpConfig(all_reduce_rs_ag)],
         **kwargs,
     )
+
+
+def all_reduce_reshaped(x):
+    """An all_reduce whose result is a view (a reshape) of its all_gather's buffer."""
+    world = dist.get_world_size()
+    flat = probe(x, "reshaped").reshape(-1)
+    shard = _wait(funcol.reduce_scatter_tensor(flat, "sum", world, _group_name()))
+    gathered = _wait(funcol.all_gather_into_tensor(shard, world, _group_name()))
+    return gathered.view_as(x)
+
+
+def all_reduce_sliced(x):
+    """An all_reduce whose result is a view at an offset: the second of two
+    copies of ``x``, reduced together."""
+    pair = torch.stack([x, probe(x, "sliced")])
+    return _wait(funcol.all_reduce(pair, "sum", _group_name()))[1]
 
 
 def kernel_launches(code: str) -> int:
@@ -268,7 +286,12 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
         winners, codes, ran_while_compiling = {}, {}, {}
         for defer in (False, True):
             forget_decisions()
-            with self._config(defer, collective_benchmark_nruns=nruns):
+            # Not raced: the run counts below say that no candidate failed.
+            with self._config(
+                defer,
+                collective_benchmark_nruns=nruns,
+                collective_benchmark_race_every=0,
+            ):
                 compiled = torch.compile(program)
                 RAN.clear()
                 result, codes[defer] = run_and_get_code(compiled, x)
@@ -350,13 +373,12 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
             torch.testing.assert_close(result, expected, rtol=0, atol=0)
 
     def test_inlined_winner_adds_no_kernel(self):
-        # The winner's collective leaves its result in a buffer of the op's
-        # layout (the all_reduce_ of a copy of its input): V2 makes that
-        # buffer the op's, as V1 does, and copies nothing.  A copy would be a
-        # kernel of its own before the matmul, and fuse into the add.
-        register_direct_and_rs_ag(include_fallback=False)
-        DELAY_MS.clear()
-        DELAY_MS["rs_ag"] = SLOW_MS  # direct wins
+        # The winner's result is a buffer its collective made in the op's
+        # layout (direct: the all_reduce_ of a copy of its input), or a view
+        # of one (reshaped; sliced, at an offset): V2 makes that buffer, or
+        # that view, the op's, as V1 hands it to the op's users, and copies
+        # nothing.  A copy would be a kernel of its own before the matmul,
+        # and fuse into the add.
         w = torch.arange(32, dtype=torch.float32).view(8, 4)
         programs = {
             "matmul": lambda x: all_reduce_op(x) @ w,
@@ -366,30 +388,51 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
         total = torch.full((24, 8), float(sum(r + 1 for r in range(self.world_size))))
         expected = {"matmul": total @ w, "add": total + 1}
         kernels = {}
-        for name, program in programs.items():
-            for defer in (False, True):
-                forget_decisions()
-                # No FX graph cache: each compile generates its program here.
-                with self._config(defer, fx_graph_cache=False):
-                    compiled = torch.compile(program)
-                    _, codes = run_and_get_code(compiled, x)
-                    RAN.clear()
-                    result = compiled(x)
-                self.assertEqual(
-                    self._ran_everywhere(list(RAN)), [["direct"]] * self.world_size
-                )
-                torch.testing.assert_close(result, expected[name], rtol=0, atol=0)
-                # The program's own module is compiled last.
-                kernels[name, defer] = kernel_launches(codes[-1])
-        # V1: the copy that the all_reduce_ reduces in place, then the add's
-        # kernel (none for the matmul, an extern kernel).
+        winners = [
+            ("direct", all_reduce_direct),
+            ("reshaped", all_reduce_reshaped),
+            ("sliced", all_reduce_sliced),
+        ]
+        for winner, implementation in winners:
+            register_custom_op_autotuning(
+                all_reduce_op,
+                configs=[
+                    CustomOpConfig(implementation),
+                    CustomOpConfig(all_reduce_rs_ag),
+                ],
+                include_fallback=False,
+            )
+            DELAY_MS.clear()
+            DELAY_MS["rs_ag"] = SLOW_MS  # the winner wins
+            for name, program in programs.items():
+                for defer in (False, True):
+                    forget_decisions()
+                    # No FX graph cache: each compile generates its program here.
+                    with self._config(defer, fx_graph_cache=False):
+                        compiled = torch.compile(program)
+                        _, codes = run_and_get_code(compiled, x)
+                        RAN.clear()
+                        result = compiled(x)
+                    self.assertEqual(
+                        self._ran_everywhere(list(RAN)), [[winner]] * self.world_size
+                    )
+                    torch.testing.assert_close(result, expected[name], rtol=0, atol=0)
+                    # The program's own module is compiled last.
+                    kernels[winner, name, defer] = kernel_launches(codes[-1])
+        # V1: the copy that the all_reduce_ reduces in place (of the stacked
+        # pair, sliced), then the add's kernel (none for the matmul, an extern
+        # kernel); reshaped: the add's kernel only.  V2: the same.
         self.assertEqual(
             kernels,
             {
-                ("matmul", False): 1,
-                ("matmul", True): 1,
-                ("add", False): 2,
-                ("add", True): 2,
+                (winner, name, defer): count
+                for winner, counts in (
+                    ("direct", {"matmul": 1, "add": 2}),
+                    ("reshaped", {"matmul": 0, "add": 1}),
+                    ("sliced", {"matmul": 1, "add": 2}),
+                )
+                for name, count in counts.items()
+                for defer in (False, True)
             },
         )
 
@@ -423,12 +466,13 @@ class DeferredCollectiveAutotuningTest(RankProcessesTestCase):
             result, small_result = compiled(x, small)
         per_op = NWARMUP + NRUNS
         # Two ops benchmarked (the default's timed runs twice: its twin
-        # measures the noise floor); the compiling call then runs rs_ag for
-        # all four nodes.
+        # measures the noise floor; and once more on the absolute values of
+        # its inputs, for the screening bound); the compiling call then runs
+        # rs_ag for all four nodes.
         self.assertEqual(
             ran_while_compiling,
             {
-                "default": 2 * (per_op + NRUNS),
+                "default": 2 * (per_op + NRUNS + 1),
                 "direct": 2 * per_op,
                 "rs_ag": 2 * per_op + 4,
             },

@@ -436,7 +436,7 @@ def tuning_config(defer: bool, **patches):
     return inductor_config.patch(
         {
             "collective_benchmark_nruns": NRUNS,
-            "inductor_default_autotune_warmup": NWARMUP,
+            "collective_benchmark_nwarmup": NWARMUP,
             **patches,
         }
     )
@@ -530,12 +530,17 @@ class AutotuningTestMixin:
         )
 
         # Lock-step: every candidate ran warmup + timed runs on this rank (the
-        # default's timed runs twice: its twin measures the noise floor; the
-        # winner once more, as the first call's result); on every rank.
+        # default's timed runs twice: its twin measures the noise floor, and
+        # once more on the absolute values of its inputs, the screening
+        # bound's magnitude; the winner once more, as the first call's
+        # result); on every rank.
         self.assertEqual(
             dict(ran_while_compiling),
             {
-                name: NWARMUP + NRUNS * (1 + (name == "default")) + (name == winner)
+                name: NWARMUP
+                + NRUNS * (1 + (name == "default"))
+                + (name == "default")
+                + (name == winner)
                 for name in ["default", *dict(decompositions)]
             },
         )
@@ -643,8 +648,10 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         last = self.world_size - 1
         faults = {
             "raises_in_warmup": Fault("raise", [last], call=1),
-            "raises_in_timed_runs": Fault("raise", [0], call=NWARMUP + 2),
             "raises_everywhere": Fault("raise", "all", call=1),
+            # Warmed up once, after the two above are out: its fault strikes
+            # in the timed runs.
+            "raises_in_timed_runs": Fault("raise", [0], call=NWARMUP + 2),
             "wrong_on_one_rank": Fault("wrong", [1]),
         }
         ran = self._check_faulty(faults, fast=list(faults), winner="good")
@@ -653,10 +660,10 @@ class CollectiveAutotuningTests(AutotuningTestMixin):
         self.assertEqual(ran["raises_in_warmup"], 1)
         self.assertEqual(ran["raises_everywhere"], 1)
         self.assertEqual(ran["raises_in_timed_runs"], NWARMUP + 2)
-        # The timed runs are interleaved and restart without the candidate
-        # that failed in them, so the others ran some runs twice.  The wrong
-        # one is screened on the rank that saw it and disqualified at the
-        # exchange: its timed runs ran everywhere, keeping the ranks matched.
+        # After each failure the op runs again without the candidate that
+        # failed, so the others ran more than once.  The wrong one is
+        # screened on the rank that saw it and disqualified at the exchange:
+        # its timed runs ran everywhere, keeping the ranks matched.
         self.assertGreaterEqual(ran["wrong_on_one_rank"], NWARMUP + NRUNS)
         self.assertGreaterEqual(ran["good"], NWARMUP + NRUNS + 1)
 

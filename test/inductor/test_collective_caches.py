@@ -32,7 +32,8 @@ with).  What this checks:
   together and agree.
 
 Without ranks: remembered decisions are stored in ``collective_decisions/``
-of Inductor's cache directory while ``autotune_local_cache`` is set, and
+of Inductor's cache directory, under the system's hash
+(``CacheBase.get_system()``), while ``autotune_local_cache`` is set, and
 nowhere on disk otherwise; the directory is not compared between members.
 With a fake process group per "rank": a decision's key holds the
 group's topology (name, size, global ranks), the same on every member; a
@@ -47,6 +48,7 @@ import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -96,7 +98,7 @@ def settings(**patches):
     # Caches at their defaults: only the benchmark's size and bound are set.
     return inductor_config.patch(
         collective_benchmark_nruns=NRUNS,
-        inductor_default_autotune_warmup=NWARMUP,
+        collective_benchmark_nwarmup=NWARMUP,
         collective_benchmark_timeout=TIMEOUT_S,
         **patches,
     )
@@ -325,8 +327,16 @@ class DecisionDirectoryTest(TestCase):
     def test_decisions_are_stored_with_autotuning_results(self):
         with inductor_config.patch(autotune_local_cache=True):
             stored = benchmark_config()
+            # Per system, as upstream's: another device, CUDA or Triton
+            # stores and reads other files.
+            get_system = "torch._inductor.codecache.CacheBase.get_system"
+            other = {"hash": "another system"}
+            with mock.patch(get_system, return_value=other):
+                elsewhere = benchmark_config()
+        decisions = os.path.join(cache_dir(), "collective_decisions")
+        self.assertEqual(os.path.dirname(stored.decision_dir), decisions)
         self.assertEqual(
-            stored.decision_dir, os.path.join(cache_dir(), "collective_decisions")
+            elsewhere.decision_dir, os.path.join(decisions, "another system")
         )
         with inductor_config.patch(autotune_local_cache=False):
             in_memory = benchmark_config()

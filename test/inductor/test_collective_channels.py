@@ -180,12 +180,12 @@ class TestBenchmarkChannel(OneRankGroupTestCase):
         self.assertRegex(group.group_name, rf"^{self.world.group_name}:benchmark\d+$")
         self.assertIs(channel.get(), group)
         self.assertIs(self.channel().get(), group)  # one channel per group
-        self.assertEqual(channel.all_reduce_max(3.5), 3.5)
         self.assertEqual(channel.all_gather([1.0, 2.0]), [[1.0, 2.0]])
         wait = timedelta(seconds=1)
         self.assertEqual(channel.gather_ints([2**59, -3], wait), [[2**59, -3]])
         value = {"stage": "warmup: a|b:c\nd \u2028 e", "steps": [1, [2, 3]]}
         self.assertEqual(channel.gather_objects(value, wait), [value])
+        self.assertEqual(channel.broadcast_object(value, 0, wait), value)
         issued = channel.collectives_issued()
         tensor = torch.arange(4.0)
         group.allreduce([tensor]).wait()
@@ -215,9 +215,11 @@ class TestBenchmarkChannel(OneRankGroupTestCase):
             mock.patch.object(channel, "get", return_value=Recording()),
             enable_python_dispatcher(),
         ):
-            self.assertEqual(channel.all_reduce_max(3.5), 3.5)
+            self.assertEqual(channel.gather_ints([3], timedelta(seconds=1)), [[3]])
             self.assertEqual(channel.all_gather([1.0]), [[1.0]])
-        self.assertEqual(enabled, [False, False])
+            wait = timedelta(seconds=1)
+            self.assertEqual(channel.broadcast_object([1], 0, wait), [1])
+        self.assertEqual(enabled, [False] * 4)  # the broadcast's size, then payload
 
     def test_functional_collectives_run_on_the_registered_channel(self):
         channel, name = self.channel(), self.world.group_name
@@ -236,7 +238,7 @@ class TestBenchmarkChannel(OneRankGroupTestCase):
         second = channel.get()
         self.assertIsNot(second, first)
         self.assertIsNot(self.channel().get(), first)
-        self.assertEqual(channel.all_reduce_max(-1.0), -1.0)
+        self.assertEqual(channel.all_gather([-1.0]), [[-1.0]])
         self.assertIsNot(self.channel(seconds=6.0).get(), second)  # new timeout
 
     def test_a_failed_step_drops_the_channel_and_raises(self):

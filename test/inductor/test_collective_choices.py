@@ -52,7 +52,7 @@ OK, RAISED = cd.CandidateStatus.OK, cd.CandidateStatus.RAISED
 
 
 def result(name: str, runs: list[float], status=OK) -> cd.CandidateResult:
-    return cd.CandidateResult(name, (cd.RankReport(status, tuple(runs)),))
+    return cd.CandidateResult(name, (cd.RankReport(status),), tuple(runs))
 
 
 class FakeChoice:
@@ -202,6 +202,9 @@ class TestOneGate(TestCase):
             (autograd.reduce_scatter_tensor.default, "sum", 2, "g"),
             (torch.ops.c10d.allreduce_.default,),
             (torch.ops.c10d.broadcast_.default,),
+            (torch.ops.symm_mem.one_shot_all_reduce.default, "sum", "g"),
+            (torch.ops.symm_mem.two_shot_all_reduce_.default, "sum", "g"),
+            (torch.ops.symm_mem.multimem_all_reduce_.default, "sum", "g"),
         ]
         for target, *args in calls:
             with self.subTest(op=str(target)):
@@ -221,14 +224,15 @@ class TestSettings(TestCase):
         with inductor_config.patch(
             collective_benchmark_timeout=7,
             collective_benchmark_nruns=9,
-            inductor_default_autotune_warmup=2,
+            collective_benchmark_race_every=3,
+            collective_benchmark_nwarmup=2,
             collective_benchmark_max_wait=90.5,
             collective_benchmark_confidence=0.9,
             collective_benchmark_screen_results=False,
         ):
             config = settings.benchmark_config()
         self.assertEqual(config.timeout, timedelta(seconds=7))
-        self.assertEqual((config.nruns, config.nwarmup), (9, 2))
+        self.assertEqual((config.nruns, config.race_every, config.nwarmup), (9, 3, 2))
         self.assertEqual(config.max_wait, timedelta(seconds=90.5))
         self.assertEqual((config.confidence, config.screen), (0.9, False))
 
@@ -243,15 +247,16 @@ class TestSettings(TestCase):
     def test_out_of_range_names_the_knob_and_its_variable(self):
         for knob, value, expected in (
             ("collective_benchmark_nruns", 0, "must be >= 1, got 0"),
+            ("collective_benchmark_race_every", -1, "must be >= 0, got -1"),
             ("collective_benchmark_timeout", -1.0, "must be positive, got -1.0"),
             ("collective_benchmark_confidence", 1.0, r"must be in \[0.5, 1\), got 1.0"),
-            ("inductor_default_autotune_warmup", -3, "must be >= 0, got -3"),
+            ("collective_benchmark_nwarmup", -3, "must be >= 0, got -3"),
         ):
             with self.subTest(knob=knob), inductor_config.patch({knob: value}):
                 with self.assertRaisesRegex(
                     ValueError,
                     rf"^torch\._inductor\.config\.{knob} \(environment variable "
-                    rf"TORCHINDUCTOR_{knob.upper().removeprefix('INDUCTOR_')}\) {expected}$",
+                    rf"TORCHINDUCTOR_{knob.upper()}\) {expected}$",
                 ):
                     settings.benchmark_config()
 
@@ -276,7 +281,7 @@ class TestSettings(TestCase):
         script = (
             "from torch._inductor import config\n"
             "from torch._inductor.collective_autotuning import settings\n"
-            "assert settings.deferral_requested() is False\n"
+            "assert settings.deferral_requested() is True\n"
             "assert config.collective_benchmark_allow_gloo_overlap is True\n"
             "try:\n"
             "    settings.benchmark_config()\n"
@@ -285,7 +290,7 @@ class TestSettings(TestCase):
         )
         env = {
             **os.environ,
-            "TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING": "0",
+            "TORCHINDUCTOR_DEFER_COLLECTIVE_AUTOTUNING": "1",
             "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_ALLOW_GLOO_OVERLAP": "1",
             "TORCHINDUCTOR_COLLECTIVE_BENCHMARK_STRICT": "yes",
         }

@@ -8,6 +8,8 @@ What this checks (``torch/_inductor/collective_autotuning/epilogue.py``):
   concatenation does not on CPU and may on GPU).
 * The candidates are timed with the epilogue only when their tails differ:
   where they are alike, the epilogue adds the same work to every candidate.
+* The epilogue's structure (in the tuning key) leaves out the scalar
+  operands of arithmetic, not those of other ops (an exponent).
 
 The multi-rank case (a candidate that is slower alone wins once timed with
 the epilogue it fuses with) is ``test_choice_weighs_the_fused_epilogue`` in
@@ -18,9 +20,12 @@ from __future__ import annotations
 
 import functools
 import types
+from unittest import mock
 
 import torch
+from torch._inductor.collective_autotuning import epilogue
 from torch._inductor.collective_autotuning.epilogue import (
+    Epilogue,
     epilogue_to_time_with,
     tail_fusion,
     TailFusion,
@@ -114,6 +119,31 @@ class TailFusionTest(TestCase):
         self.assertIsNone(
             epilogue_to_time_with([default, choices["pointwise"]], None, None)
         )
+
+
+class StructureTest(TestCase):
+    """What of an epilogue enters the tuning key, read from the graph (no ranks)."""
+
+    @staticmethod
+    def structure(scale: float, shift: int, exponent: float) -> str:
+        def program(x, bias):
+            y = x.clone()  # stands for the collective node
+            return torch.relu(torch.pow(y * scale + shift, exponent) + bias)
+
+        gm = make_fx(program, tracing_mode="fake")(torch.ones(4, 8), torch.ones(8))
+        (node,) = gm.graph.find_nodes(
+            op="call_function", target=torch.ops.aten.clone.default
+        )
+        bias = types.SimpleNamespace(
+            get_size=lambda: [8], get_stride=lambda: [1], get_dtype=lambda: torch.float
+        )
+        with mock.patch.object(epilogue, "_lowered_input", lambda arg: bias):
+            found = Epilogue.find(types.SimpleNamespace(fx_node=node))
+        return found.structure
+
+    def test_scalars_of_arithmetic_are_left_out(self):
+        self.assertEqual(self.structure(0.5, 1, 2.0), self.structure(0.25, 3, 2.0))
+        self.assertNotEqual(self.structure(0.5, 1, 2.0), self.structure(0.5, 1, 3.0))
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ What this checks (``failures.py``, on no process group):
 * ``earliest_failure``: the rule every rank applies to the failure reports
   of its peers blames the same round with the same statuses, whatever order
   the reports come in.
+* ``agreed_results``: a run's time is its slowest member's, of the runs
+  that every member timed; each member keeps its status and its median.
 * ``FailureAgreements`` on a stand-in channel that records its calls: every
   agreement rebuilds the channel and gathers every member's report on the
   new one; the earliest failed step is blamed (retried while retries
@@ -19,6 +21,8 @@ What this checks (``failures.py``, on no process group):
 
 from __future__ import annotations
 
+import collections
+import math
 from datetime import timedelta
 
 import torch.distributed as dist
@@ -31,7 +35,6 @@ from torch._inductor.runtime.collective_benchmarking import (
 from torch._inductor.runtime.collective_benchmarking.failures import (
     classify,
     FailureAgreements,
-    Resume,
     Step,
 )
 from torch.testing._internal.common_utils import TestCase, run_tests
@@ -82,6 +85,7 @@ class RecordingChannel:
         self.posts = posts
         self.calls: list[str] = []
         self.group_name = "g"
+        self.group = self
         self.timeout = timedelta(seconds=1)
 
     def rebuild(self, what):
@@ -161,27 +165,45 @@ class TestFailureRules(TestCase):
         self.assertEqual(first[2], second[2])
 
 
+class TestAgreedResults(TestCase):
+    def test_a_run_takes_its_slowest_member_and_a_member_keeps_its_median(self):
+        plans = [("op", [ct.Candidate("a", print, True), ct.Candidate("b", print)])]
+        nan = math.nan
+        exchanged = [  # per member: each candidate's status, then its runs
+            [OK, 1.0, 5.0, 2.0, RAISED, nan, nan, nan],
+            [OK, 3.0, 1.0, 2.5, OK, 1.0, 1.0, 1.0],
+        ]
+        ((a, b),) = failures.agreed_results(
+            plans, 3, exchanged, {}, collections.defaultdict(lambda: 1)
+        )
+        self.assertEqual((a.runs_ms, a.time_ms), ((3.0, 5.0, 2.5), 3.0))
+        self.assertEqual(a.reports, (cd.RankReport(OK, 2.0), cd.RankReport(OK, 2.5)))
+        # Timed on one member only: no run is agreed.
+        self.assertEqual(b.reports, (cd.RankReport(RAISED), cd.RankReport(OK, 1.0)))
+        self.assertEqual((b.runs_ms, b.time_ms), ((), math.inf))
+
+
 class TestFailureAgreements(TestCase):
     # One op: warmups of candidates 0 and 1 (steps 0, 1), then two timed
     # iterations (steps 2-5); the exchange is step 6, the commit step 7.
     SCHEDULE = [
         Step(0, 0, timed=False),
         Step(0, 1, timed=False),
-        *[Step(0, c, timed=True, run=r) for r in range(2) for c in (0, 1)],
+        *[Step(0, c, timed=True) for _ in range(2) for c in (0, 1)],
     ]
     PLANS = [("op", [ct.Candidate("default", print, True), ct.Candidate("c1", print)])]
 
     def agree(self, posts, retries=0):
         channel = RecordingChannel(posts)
         agreements = FailureAgreements(self.PLANS, {}, retries, channel, {})
-        resume = agreements.agree(self.SCHEDULE, posts[0])
+        op = agreements.agree(self.SCHEDULE, posts[0])
         self.assertEqual(channel.calls, ["rebuild failure agreement", "gather"])
-        return agreements, resume
+        return agreements, op
 
     def test_the_earliest_step_is_blamed_and_retried_while_retries_remain(self):
         posts = [report(3, Status.TIMED_OUT), report(4, Status.PEER_FAILED)]
-        agreements, resume = self.agree(posts, retries=1)
-        self.assertEqual(resume, Resume(op=0, warmup_from=None))  # timed runs again
+        agreements, op = self.agree(posts, retries=1)
+        self.assertEqual(op, 0)  # the op runs again
         self.assertEqual(agreements.failed, {})
         self.assertEqual(agreements.attempts[(0, 1)], 2)
         agreements, _ = self.agree(posts, retries=0)
@@ -192,11 +214,11 @@ class TestFailureAgreements(TestCase):
         # Candidate 1's warmup (step 1) issued 2 collectives on rank 1 and 1
         # on rank 0; the failure it caused showed only in the timed runs.
         posts = [
-            report(5, Status.TIMED_OUT, issued=[3, 1, 1, 1, 1]),
-            report(4, Status.TIMED_OUT, issued=[3, 2, 1, 1]),
+            report(5, Status.TIMED_OUT, issued=[0, 3, 4, 5, 6, 7]),
+            report(4, Status.TIMED_OUT, issued=[0, 3, 5, 6, 7]),
         ]
-        agreements, resume = self.agree(posts)
-        self.assertEqual(resume, Resume(op=0, warmup_from=1))
+        agreements, op = self.agree(posts)
+        self.assertEqual(op, 0)
         failed = agreements.failed[(0, 1)]
         self.assertEqual(
             [r.status for r in failed.reports], [Status.OK, Status.DESYNCHRONIZED]
@@ -206,15 +228,33 @@ class TestFailureAgreements(TestCase):
     def test_uncounted_steps_blame_the_earliest_failure(self):
         posts = [
             report(4, Status.RAISED),
-            report(5, Status.PEER_FAILED, issued=[1] * 5),
+            report(5, Status.PEER_FAILED, issued=range(6)),
         ]
-        agreements, resume = self.agree(posts)
+        agreements, op = self.agree(posts)
         self.assertEqual(agreements.failed[(0, 0)].status, Status.RAISED)
-        self.assertEqual(resume, Resume(op=0, warmup_from=None))
+        self.assertEqual(op, 0)
+
+    def test_a_failed_checkpoint_blames_no_candidate_and_runs_the_op_again(self):
+        # A checkpoint after the first timed iteration (step 4): the op runs
+        # again, whole, and the exchanges' bound counts it.
+        schedule = [
+            *self.SCHEDULE[:4],
+            Step(0, -1, timed=False, checkpoint=True),
+            *self.SCHEDULE[4:],
+        ]
+        posts = [report(4, Status.TIMED_OUT), report(5, Status.PEER_FAILED)]
+        channel = RecordingChannel(posts)
+        agreements = FailureAgreements(self.PLANS, {}, 0, channel, {})
+        self.assertEqual(agreements.agree(schedule, posts[0]), 0)
+        self.assertEqual(
+            (agreements.failed, agreements.competing), ({}, [[True, True]])
+        )
+        with self.assertRaisesRegex(ct.CollectiveBenchmarkError, "failed 2 times"):
+            agreements.agree(schedule, posts[0])
 
     def test_a_failed_commit_ends_the_session(self):
-        _, resume = self.agree([report(7, Status.TIMED_OUT), report(7, Status.OK)])
-        self.assertIsNone(resume)
+        _, op = self.agree([report(7, Status.TIMED_OUT), report(7, Status.OK)])
+        self.assertIsNone(op)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,20 @@ What this checks, at 2, 3 and 4 gloo ranks:
     ``world_size`` positive terms in some order, each addition rounding by
     at most half a unit in the last place of its partial sum.
 
+* Screening in half precision: an op of each reducing kind (all_reduce,
+  reduce_scatter) with the library's implementations and wrong ones beside
+  them (off by an eighth of the input; another rank's shard; a scale
+  missing), compiled in float16 and in bfloat16: every library
+  implementation passes screening on every rank (they sum in other orders
+  than the backend), every wrong one is disqualified on every rank, every
+  rank runs the same winner, and the result is the sum within the
+  screening bound.
+
+* At 2 ranks, the three implementations whose result is a view of their
+  own buffer (a reshape, a slice at the rank's offset) win ``op(x) @ w``
+  alone, under V1 and V2: one generated kernel under both, the result
+  exact (V2 makes the op's buffer the view, as V1 hands the view on).
+
 * At 2 ranks, one compiled program with an op of each kind registered through
   ``register_collective_implementations`` and its eager defaults made slow:
   every rank's program issues the same collectives in the same order (the
@@ -38,6 +52,11 @@ import types
 import torch
 import torch.distributed as dist
 from torch._inductor import config
+from torch._inductor.kernel.custom_op import (
+    CustomOpConfig,
+    register_custom_op_autotuning,
+)
+from torch._inductor.runtime.collective_benchmarking.rules import outputs_match
 from torch._inductor.kernel.collective_implementations import (
     IMPLEMENTATIONS,
     register_collective_implementations,
@@ -55,6 +74,7 @@ from torch.testing._internal.distributed.collective_autotuning_utils import (
     RankProcessesTestCase,
 )
 
+from test_collective_decisions import decision_artifacts
 from test_collective_autotuning_ranks import (
     DELAY_MS,
     SLOW_MS,
@@ -151,6 +171,117 @@ class ImplementationTests:
                             mismatches.append(f"{label}: relative error {error:.3g}")
         self.assertEqual(mismatches, [])
 
+    def test_reorderings_pass_screening_in_half_precision(self):
+        # The library's all_reduce and reduce_scatter implementations sum the
+        # ranks' inputs in other orders than the backend (all_gather or
+        # all_to_all then a sum in float32, chunks, a reduce_scatter then an
+        # all_gather).  Screened against the op's default on Inductor's
+        # random benchmark inputs, every one of them passes on every rank in
+        # float16 and bfloat16, while wrong candidates beside them (off by an
+        # eighth of the input; another rank's shard; a scale missing) are
+        # disqualified on every rank; every rank runs the same winner, and
+        # its result is the sum within the screening bound.
+        world, group_name = self.world_size, dist.group.WORLD.group_name
+        wrong = {
+            "all_reduce": [all_reduce_off_by_an_eighth],
+            "reduce_scatter": [reduce_scatter_wrong_shard, reduce_scatter_unscaled],
+        }
+        for kind, extra in wrong.items():
+            register_custom_op_autotuning(
+                OPS[kind],
+                configs=[
+                    CustomOpConfig(fn, **params)
+                    for fn, params in IMPLEMENTATIONS[kind].values()
+                ]
+                + [CustomOpConfig(fn) for fn in extra],
+            )
+        statuses, winners = {}, {}
+        for dtype in (torch.float16, torch.bfloat16):
+            inputs = {
+                kind: [
+                    torch.randn(
+                        world * 64, 256, generator=torch.Generator().manual_seed(r)
+                    ).to(dtype)
+                    for r in range(world)
+                ]
+                for kind in wrong
+            }
+            torch._dynamo.reset()
+            payloads: list = []
+            with decision_artifacts(payloads), tuning_config(False):
+                results = torch.compile(
+                    lambda ar, rs: [
+                        OPS["all_reduce"](ar, group_name),
+                        OPS["reduce_scatter"](rs, group_name),
+                    ]
+                )(*[inputs[kind][self.rank] for kind in wrong])
+            for kind, payload, result in zip(wrong, payloads, results, strict=True):
+                statuses[dtype, kind] = {
+                    _implementation(c["name"]): c["status_per_rank"]
+                    for c in payload["candidates"]
+                }
+                winners[dtype, kind] = payload["winner"]
+                summed = torch.stack(inputs[kind]).double().sum(0)
+                magnitude = torch.stack(inputs[kind]).double().abs().sum(0)
+                if kind == "reduce_scatter":
+                    summed = summed.chunk(world)[self.rank]
+                    magnitude = magnitude.chunk(world)[self.rank]
+                self.assertTrue(
+                    outputs_match(result, summed.to(dtype), magnitude, world),
+                    f"{dtype} {kind}",
+                )
+        ok, out = ["ok"] * world, ["wrong_result"] * world
+        self.assertEqual(
+            statuses,
+            {
+                (dtype, kind): {
+                    "default": ok,
+                    **dict.fromkeys(IMPLEMENTATIONS[kind], ok),
+                    **{fn.__name__: out for fn in extra},
+                }
+                for dtype in (torch.float16, torch.bfloat16)
+                for kind, extra in wrong.items()
+            },
+        )
+        everywhere: list = [None] * world
+        dist.all_gather_object(everywhere, winners)
+        self.assertEqual(everywhere, [winners] * world)
+
+
+def _implementation(candidate: str) -> str:
+    # "3:collective_implementations_test::all_reduce_autotuned_all_reduce_chunked_chunks__4..."
+    # names the implementation the candidate runs; the op's own code is "default".
+    for implementations in IMPLEMENTATIONS.values():
+        for name, (fn, _) in implementations.items():
+            if f"_autotuned_{fn.__name__}_" in candidate:
+                return name
+    match = re.search(r"_autotuned_(\w+?)_group_name", candidate)
+    return match.group(1) if match else "default"
+
+
+def all_reduce_off_by_an_eighth(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Wrong: the sum, plus an eighth of this rank's input."""
+    funcol = torch.ops._c10d_functional
+    return funcol.wait_tensor(funcol.all_reduce(x, "sum", group_name)) + x / 8
+
+
+def reduce_scatter_wrong_shard(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Wrong: the next rank's shard of the sum (the ranks in the wrong order)."""
+    funcol = torch.ops._c10d_functional
+    world = _resolve_process_group(group_name).size()
+    summed = funcol.wait_tensor(funcol.all_reduce(x, "sum", group_name))
+    rank = _resolve_process_group(group_name).rank()
+    return summed.chunk(world)[(rank + 1) % world].clone()
+
+
+def reduce_scatter_unscaled(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    """Wrong: the inputs scaled down by the world size, and not scaled back."""
+    funcol = torch.ops._c10d_functional
+    world = _resolve_process_group(group_name).size()
+    return funcol.wait_tensor(
+        funcol.reduce_scatter_tensor(x / world, "sum", world, group_name)
+    )
+
 
 for _world_size in (2, 3, 4):
     _name = f"CollectiveImplementations{_world_size}RanksTest"
@@ -208,6 +339,46 @@ class CompiledImplementationsTest(RankProcessesTestCase):
         everywhere: list = [None] * world
         dist.all_gather_object(everywhere, issued)
         self.assertEqual(everywhere, [issued] * world)
+
+    def test_winners_ending_in_a_view_add_no_kernel_under_v2(self):
+        # Three implementations end in a view of a buffer they made (a
+        # reshape, a slice at this rank's offset): V2 makes the op's buffer
+        # that view, as V1 hands it to the op's users, and copies nothing
+        # (a copy would be one more kernel before the matmul).
+        group_name, world = dist.group.WORLD.group_name, self.world_size
+        w = torch.arange(20, dtype=torch.float32).view(5, 4)
+        views = [
+            ("all_reduce", "reduce_scatter_all_gather"),
+            ("all_gather", "all_reduce"),
+            ("reduce_scatter", "all_reduce"),
+        ]
+        kernels = {}
+        for kind, name in views:
+            fn, params = IMPLEMENTATIONS[kind][name]
+            register_custom_op_autotuning(
+                OPS[kind],
+                configs=[CustomOpConfig(fn, **params)],
+                include_fallback=False,
+            )
+            inputs = _inputs(kind, world, torch.float32, world * 6, exact=True)
+            for defer in (False, True):
+                torch._dynamo.reset()
+                with tuning_config(defer, fx_graph_cache=False):
+                    result, (*_, code) = run_and_get_code(
+                        torch.compile(
+                            lambda x, kind=kind: OPS[kind](x, group_name) @ w
+                        ),
+                        inputs[self.rank],
+                    )
+                expected = _expected(kind, inputs, self.rank) @ w
+                self.assertTrue(torch.equal(result, expected), f"{kind}/{name}")
+                call = code[code.index("def call") :]
+                kernels[kind, name, defer] = len(re.findall(r"cpp_fused_\w+\(", call))
+        # V1 and V2: the one kernel that makes the collective's input.
+        self.assertEqual(
+            kernels,
+            {(kind, name, defer): 1 for kind, name in views for defer in (0, 1)},
+        )
 
     def test_chunked_implementations_keep_one_collective_in_flight_on_gloo(self):
         # Two collectives finishing together on one gloo group can corrupt

@@ -11,7 +11,8 @@ that gather through a stand-in channel (the join's rules, without processes):
   members tuning different ops fail on every member.
 * Members that remember the same decision each adopt their own, in the one
   gather; a decision that only some members remember is adopted by every
-  member from the lowest-ranked holder, in two more gathers.
+  member from the lowest-ranked holder, in one more gather and a broadcast
+  from each such holder.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def op(key: str, *signatures: str) -> ct.OpToTune:
 
 def decision(winner: str, ms: float) -> cd.CollectiveDecision:
     results = tuple(
-        cd.CandidateResult(name, (cd.RankReport(OK, (ms,)),))
+        cd.CandidateResult(name, (cd.RankReport(OK, ms),), (ms,))
         for name in ("default", "impl0")
     )
     return cd.CollectiveDecision(
@@ -96,7 +97,7 @@ class Hub:
 @dataclasses.dataclass
 class SimulatedChannel:
     """Stands in for a member's ``BenchmarkChannel``: a gather returns every
-    member's value (through JSON, as it travels)."""
+    member's value, a broadcast the root's (through JSON, as they travel)."""
 
     hub: Hub
     rank: int
@@ -114,6 +115,10 @@ class SimulatedChannel:
         return gathered
 
     gather_ints = gather_objects
+
+    def broadcast_object(self, value, root, wait):
+        # A gather (counted as one) of which only the root's value travels.
+        return self.gather_objects(value if self.rank == root else None, wait)[root]
 
 
 class TestOneMember(OneRankGlooTestCase):
@@ -198,6 +203,18 @@ class TestSimulatedMembers(TestCase):
             self.assertEqual(result.adopted[0], by_rank1)
         self.assertIs(results[1].adopted[0], by_rank1)
         self.assertEqual(gathers, 3)  # the digests, per-op digests, the decision
+
+    def test_each_member_giving_remembered_decisions_broadcasts_them(self):
+        ops = [op("a", "ring"), op("b", "ring"), op("c", "ring")]
+        a, b, c = (decision("impl0", ms) for ms in (1.0, 2.0, 3.0))
+        remembered = [[None, None, c], [a, None, c], [None, b, c]]
+        results, gathers = self.join_all([ops] * 3, remembered)
+        for result, held in zip(results, remembered, strict=True):
+            self.assertEqual(result.adopted, {0: a, 1: b, 2: c})
+            self.assertIs(result.adopted[2], held[2])  # held alike: its own
+        # The digests, per-op digests, then a broadcast from rank 1 (a) and
+        # one from rank 2 (b); c, held alike by all, is not sent.
+        self.assertEqual(gathers, 4)
 
 
 if __name__ == "__main__":

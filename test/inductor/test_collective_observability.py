@@ -57,9 +57,7 @@ PHASES = ["session", "join", "compile", "warmup", "timed", "exchange", "commit"]
 
 
 def result(name: str, runs: list[float], status=cd.CandidateStatus.OK, ranks: int = 2):
-    return cd.CandidateResult(
-        name, tuple(cd.RankReport(status, tuple(runs)) for _ in range(ranks))
-    )
+    return cd.CandidateResult(name, (cd.RankReport(status),) * ranks, tuple(runs))
 
 
 class ExplainTest(TestCase):

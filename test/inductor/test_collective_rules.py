@@ -10,8 +10,11 @@ What this checks:
   when faster in significantly more interleaved runs than chance, drift
   over a session favours no candidate once runs are interleaved, and every
   rank draws the same interleaved order.
-* Statuses, result reduction, screening tolerances and configuration
-  validation.
+* Statuses, result reduction and configuration validation.
+* Screening: its bound (``screening_tolerance``) holds for sums of 2 to 64
+  values in several orders (rings from different ranks, a tree, float32
+  accumulation) in float32, float16 and bfloat16, and tells wrong sums
+  from them up to 8 values; non-finite values compare exactly.
 
 These are the bottom layer of ``torch/_inductor/runtime/collective_benchmarking/``
 (``types.py``, ``decisions.py`` and ``rules.py``); the tests import nothing above it, so
@@ -21,8 +24,9 @@ they run on the first prefix of the series that has it.
 from __future__ import annotations
 
 import dataclasses
-
+import itertools
 import math
+import random
 from datetime import timedelta
 
 import torch
@@ -98,7 +102,7 @@ class TestPickWinner(TestCase):
 
 
 def result(name: str, runs: list[float], status=OK) -> cd.CandidateResult:
-    return cd.CandidateResult(name, (cd.RankReport(status, tuple(runs)),))
+    return cd.CandidateResult(name, (cd.RankReport(status),), tuple(runs))
 
 
 class TestNoiseRules(TestCase):
@@ -271,19 +275,122 @@ class TestNoiseRules(TestCase):
         self.assertGreater(len({tuple(order) for order in orders}), 1)
 
 
-class TestResultsAndScreening(TestCase):
-    def test_candidate_result_is_the_median_of_each_runs_slowest_rank(self):
-        reports = (
-            cd.RankReport(OK, (1.0, 5.0, 2.0)),
-            cd.RankReport(OK, (3.0, 1.0, 2.5)),
-        )
-        combined = cd.CandidateResult("c", reports)
+class TestRacing(TestCase):
+    """``racing``: which candidates a session goes on timing after a checkpoint."""
+
+    def test_a_candidate_that_can_no_longer_win_stops(self):
+        default = result("default", [10.0] * 10)
+        slower = result("slower", [11.0] * 10)
+        tied = result("tied", [9.0, 11.0] * 5)
+        faster = result("faster", [9.0] * 10)
         self.assertEqual(
-            (combined.status, combined.runs_ms, combined.time_ms),
-            (OK, [3.0, 5.0, 2.5], 3.0),
+            cr.racing([default, slower, tied, faster], None, 50, 0.95), [2, 3]
         )
-        failed = cd.CandidateResult(
-            "c", (cd.RankReport(OK, (1.0,)), cd.RankReport(WRONG, (0.5,)))
+        # A tie after 20 rounds would have to win 22 of the last 30.
+        self.assertEqual(
+            cr.racing(
+                [result("default", [10.0] * 20), result("tied", [9.0, 11.0] * 10)],
+                None,
+                50,
+                0.95,
+            ),
+            [],
+        )
+        # Won at 60% so far: its chance to pass the test by round 50 is
+        # about a third, and it races on.
+        better = result("better", [9.0] * 6 + [11.0] * 4)
+        self.assertEqual(cr.racing([default, slower, better], None, 50, 0.95), [2])
+        # A candidate that was out on a rank never races.
+        out = result("out", [9.0] * 10, WRONG)
+        self.assertEqual(cr.racing([default, out, faster], None, 50, 0.95), [2])
+
+    def test_the_op_is_decided_when_nothing_can_win(self):
+        default = result("default", [10.0] * 20)
+        self.assertEqual(
+            cr.racing([default, result("slower", [11.0] * 20)], None, 50, 0.95), []
+        )
+        self.assertEqual(cr.racing([default], None, 50, 0.95), [])
+
+    def test_the_last_candidate_decides_once_the_test_has_passed(self):
+        default = result("default", [10.0] * 32)
+        faster = result("faster", [9.0] * 32)
+        # 32 wins of 50 pass the one-sided sign test at 95% (p = 0.032)
+        # whatever the other 18 rounds show: the op is decided.
+        self.assertEqual(cr.racing([default, faster], None, 50, 0.95), [])
+        self.assertEqual(
+            cr.decide([default, faster], True, 0.02, 0.95)[:2],
+            (1, cd.DecisionRule.SIGNIFICANT),
+        )
+        # Not yet after 31 wins; nor, after 32, beside another racing
+        # candidate, or within the noise floor that the twin shows.
+        self.assertEqual(
+            cr.racing(
+                [result("d", [10.0] * 31), result("f", [9.0] * 31)], None, 50, 0.95
+            ),
+            [1],
+        )
+        other = result("other", [9.5] * 32)
+        self.assertEqual(cr.racing([default, faster, other], None, 50, 0.95), [1, 2])
+        noisy = result("default (again)", [8.0, 12.0] * 16)
+        self.assertEqual(cr.racing([default, faster], noisy, 50, 0.95), [1])
+
+    def test_a_candidate_that_stopped_racing_never_wins(self):
+        # Out after 10 rounds with a lucky median below everyone's: the
+        # fastest of those timed to the end still wins.
+        default = result("default", [10.0] * 50)
+        stopped = result("stopped", [1.0] * 5 + [11.0] * 5)
+        faster = result("faster", [8.0] * 50)
+        verdict = cr.decide([default, stopped, faster], True, 0.02, 0.95)
+        self.assertEqual(
+            (verdict.winner, verdict.rule), (2, cd.DecisionRule.SIGNIFICANT)
+        )
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        signs=st.lists(st.sampled_from([-1, 0, 1]), min_size=1, max_size=49),
+        rest=st.lists(st.sampled_from([-1, 0, 1]), min_size=49, max_size=49),
+    )
+    def test_a_decided_op_is_decided_whatever_the_rest_shows(self, signs, rest):
+        # A candidate that is the last one left and is declared decided
+        # passes the sign test over all 50 rounds, however they end.
+        default = result("default", [10.0] * len(signs))
+        candidate = result("c", [10.0 - s for s in signs])
+        if cr.racing([default, candidate], None, 50, 0.95):
+            return
+        if cr.compare_with_default(candidate, default).advantage <= 0:
+            return  # decided because it can no longer win
+        full = signs + rest[: 50 - len(signs)]
+        self.assertLessEqual(cr.sign_test_p_value(full), 0.05)
+
+    def test_a_tie_stops_early_and_a_real_winner_races_on(self):
+        # Candidates that win each round at 50% (a tie) and at 85%, in
+        # simulated sessions of 50 rounds with checkpoints every 10: most
+        # ties are out by the second checkpoint, and a real winner is almost
+        # never out before it has passed the test.
+        rng = random.Random(0)
+
+        def out_at(rate: float) -> int:
+            signs = [1 if rng.random() < rate else -1 for _ in range(50)]
+            for rounds in range(10, 50, 10):
+                default = result("default", [10.0] * rounds)
+                candidate = result("c", [10.0 - s for s in signs[:rounds]])
+                passed = cr.sign_test_p_value(signs[:rounds] + [-1] * (50 - rounds))
+                if not cr.racing([default, candidate], None, 50, 0.95):
+                    return rounds if passed > 0.05 else 50
+            return 50
+
+        ties = [out_at(0.5) for _ in range(500)]
+        winners = [out_at(0.85) for _ in range(500)]
+        self.assertGreater(sum(r <= 20 for r in ties) / len(ties), 0.6)
+        self.assertLess(sum(r < 50 for r in winners) / len(winners), 0.03)
+
+
+class TestResultsAndScreening(TestCase):
+    def test_candidate_time_is_the_median_of_its_agreed_runs(self):
+        combined = cd.CandidateResult("c", (cd.RankReport(OK),) * 2, (3.0, 5.0, 2.5))
+        self.assertEqual((combined.status, combined.time_ms), (OK, 3.0))
+        failed = dataclasses.replace(
+            combined, reports=(cd.RankReport(OK), cd.RankReport(WRONG))
         )
         self.assertEqual((failed.status, failed.time_ms), (WRONG, math.inf))
 
@@ -303,6 +410,66 @@ class TestResultsAndScreening(TestCase):
             )
         )
         self.assertFalse(cr.outputs_match(torch.arange(4) + 1, torch.arange(4)))
+
+    def test_screening_bound_holds_for_sums_in_any_order(self):
+        # A reduction of n values (one per rank) in several orders, each
+        # rounded as backends and Inductor round: every addition in the dtype
+        # (a ring from rank 0 and from another rank), pairwise (a tree), or
+        # once after summing in float32 (all_gather then sum).  Every pair of
+        # orders matches within the bound, up to 64 terms, and wrong results
+        # (off by a quarter of one rank's input, one rank's input missing, a
+        # missing scale) are told apart where the bound is tighter than
+        # they are wrong: up to 8 terms, the sizes of tensor-parallel groups.
+        def ring(values, start, dtype):
+            total = values[start]
+            for step in range(1, len(values)):
+                total = (total.float() + values[(start + step) % len(values)]).to(dtype)
+            return total
+
+        def tree(values, dtype):
+            while len(values) > 1:
+                pairs = [values[i : i + 2] for i in range(0, len(values), 2)]
+                values = [sum(p[1:], p[0].float()).to(dtype) for p in pairs]
+            return values[0]
+
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for terms in (2, 3, 4, 8, 16, 64):
+                generator = torch.Generator().manual_seed(terms)
+                values = list(torch.randn(terms, 4096, generator=generator).to(dtype))
+                magnitude = ring([v.abs() for v in values], 0, dtype)
+                orders = {
+                    "ring from 0": ring(values, 0, dtype),
+                    "ring from 1": ring(values, 1, dtype),
+                    "tree": tree(values, dtype),
+                    "in float32": torch.stack(values).float().sum(0).to(dtype),
+                }
+                for (a, x), (b, y) in itertools.product(orders.items(), repeat=2):
+                    self.assertTrue(
+                        cr.outputs_match(x, y, magnitude, terms),
+                        f"{dtype}, {terms} terms: {a} against {b}",
+                    )
+                if terms > 8:
+                    continue
+                reference = orders["ring from 0"]
+                wrong = {
+                    "off by a quarter of an input": reference + values[1] / 4,
+                    "an input missing": ring(values[1:], 0, dtype),
+                    "a missing scale": reference * 2,
+                }
+                for name, output in wrong.items():
+                    self.assertFalse(
+                        cr.outputs_match(output.to(dtype), reference, magnitude, terms),
+                        f"{dtype}, {terms} terms: {name}",
+                    )
+
+    def test_screening_compares_non_finite_values_exactly(self):
+        reference = torch.tensor([1.0, math.inf, -math.inf, math.nan])
+        self.assertTrue(cr.outputs_match(reference.clone(), reference))
+        for changed in (
+            [1.0, 1e30, -math.inf, math.nan],
+            [1.0, math.inf, -math.inf, 0.0],
+        ):
+            self.assertFalse(cr.outputs_match(torch.tensor(changed), reference))
 
     def test_config_validation(self):
         with self.assertRaisesRegex(ValueError, "nruns"):

@@ -9,14 +9,20 @@ What this checks (no ranks):
   arguments, a lambda's body; two equal definitions have equal
   fingerprints, and a fingerprint is the same in a new process.
 * ``registration_fingerprint`` changes with the configs' order, parameters
+  (an enum's member, the attributes of the object behind a bound method)
   and ``config_patches``, and with the op's own implementation; it warns
-  about an implementation without a source file (``exec``).
+  about an implementation without a source file (``exec``).  A registration
+  that holds a value it could describe by its type only has no digest, and
+  a warning names the value.
 * The FX graph cache key of a graph that calls a registered op changes when
   its registration changes, and is the same for the same registration made
-  again; a graph without such an op has the key it had before registration.
+  again; a graph without such an op has the key it had before registration;
+  a graph that calls an op without a digest bypasses the cache.
 * Across processes on one cache directory, with Inductor's caches on: a
   change of a constant of the implementation's module, then of a helper it
-  calls in another module, compiles again, and the program computes with
+  calls in another module, of an enum member or of the object behind a
+  bound method that the registration holds, compiles again (a registration
+  without a digest, every time), and the program computes with
   the new code; an unchanged relaunch takes the program from the cache.
 * The same key covers the topology of the process groups the op may run
   collectives on (one process, a fake process group per "rank"): the same
@@ -30,6 +36,7 @@ What this checks (no ranks):
 
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import os
@@ -91,6 +98,53 @@ def make_scaled(scale):
 
 def add(x, y=1):
     return x + y
+
+
+class Algo(enum.Enum):
+    RING = 1
+    TREE = 2
+
+
+def by_algo(x, algo):
+    return x * algo.value
+
+
+class Chunked:
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    def run(self, x):
+        return x * self.chunks
+
+
+class Counting:
+    """A callable object that counts its calls in an object it holds: state."""
+
+    def __init__(self):
+        self.calls = Chunked(0)
+
+    def __call__(self, x):
+        self.calls.chunks += 1
+        return x
+
+
+COUNTING = Counting()
+
+
+def uses_counting(x):
+    return COUNTING(x)
+
+
+class Packed:
+    """Its state is not in a ``__dict__``: a digest could describe it by its type only."""
+
+    __slots__ = ("chunks",)
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    def run(self, x):
+        return x * self.chunks
 
 
 @torch.library.custom_op("fingerprint_test::op", mutates_args=())
@@ -203,6 +257,11 @@ class TestCallableFingerprint(TestCase):
             SCALE = 2
         self.assertEqual(fp(uses_constant), before)
 
+    def test_state_that_module_objects_hold(self):
+        before = fp(uses_counting)
+        uses_counting(torch.ones(1))
+        self.assertEqual(fp(uses_counting), before)
+
     def test_stable_across_processes(self):
         script = textwrap.dedent(
             """
@@ -280,6 +339,35 @@ class TestRegistrationFingerprint(TestCase):
         with self.assertNoLogs(logger, "WARNING"):
             self.fingerprint([CustomOpConfig(uses_helper)])
 
+    def test_enum_members(self):
+        def algo(member):
+            return self.fingerprint([CustomOpConfig(by_algo, algo=member)])
+
+        self.assertEqual(algo(Algo.RING), algo(Algo.RING))
+        self.assertNotEqual(algo(Algo.RING), algo(Algo.TREE))
+
+    def test_objects_behind_bound_methods(self):
+        def chunked(chunks):
+            return self.fingerprint([CustomOpConfig(Chunked(chunks).run)])
+
+        self.assertEqual(chunked(4), chunked(4))
+        self.assertNotEqual(chunked(4), chunked(8))
+        self.assertNotEqual(fp(Chunked(4).run), fp(Chunked(8).run))
+
+    def test_values_a_digest_cannot_describe(self):
+        # Packed(4) and Packed(8) would share a digest: there is none.
+        logger = fingerprints.__name__
+        with self.assertLogs(logger, "WARNING") as logs:
+            self.assertEqual(
+                self.fingerprint([CustomOpConfig(by_algo, algo=Packed(4))]), ""
+            )
+        self.assertIn("fingerprint_test::op", logs.output[0])
+        self.assertIn("config 0's parameter 'algo'", logs.output[0])
+        self.assertIn("Packed", logs.output[0])
+        with self.assertLogs(logger, "WARNING") as logs:
+            self.assertEqual(self.fingerprint([CustomOpConfig(Packed(4).run)]), "")
+        self.assertIn("config 0's implementation", logs.output[0])
+
 
 class TestFxGraphCacheKey(TestCase):
     def key(self, gm):
@@ -303,21 +391,40 @@ class TestFxGraphCacheKey(TestCase):
         self.assertNotEqual(self.key(gm), first)
         self.assertEqual(self.key(plain), ())  # graphs without the op are not affected
 
+    def test_registration_without_a_digest_bypasses_the_cache(self):
+        from torch._inductor.codecache import BypassFxGraphCache, compiled_fx_graph_hash
+
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        graph.output(graph.call_function(torch.ops.fingerprint_test.op.default, (x,)))
+        gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+        plain = torch.fx.symbolic_trace(lambda x: x + 1)
+        with self.assertLogs(fingerprints.__name__, "WARNING"):
+            register_custom_op_autotuning(
+                op, configs=[CustomOpConfig(by_algo, algo=Packed(4))]
+            )
+        try:
+            with self.assertRaisesRegex(BypassFxGraphCache, "fingerprint_test::op"):
+                compiled_fx_graph_hash(gm, [torch.ones(4)], {}, [])
+            self.assertEqual(self.key(plain), ())
+        finally:
+            register_custom_op_autotuning(op, configs=[CustomOpConfig(helper)])
+
 
 class TestCacheAcrossProcesses(TestCase):
-    """What runs after the implementation's sources change, one process per step."""
+    """What runs after the implementation's sources or values change, one process per step."""
 
+    # Registers the configs that chunked.impl.configs(name) returns, for each
+    # name, and prints what a program with the op computes and how Inductor's
+    # FX graph cache served it.
     DRIVER = textwrap.dedent(
         """
         import json, sys
         sys.path.insert(0, sys.argv[1])
         import torch
         from torch._dynamo.utils import counters
-        from torch._inductor.kernel.custom_op import (
-            CustomOpConfig,
-            register_custom_op_autotuning,
-        )
-        from chunked.impl import impl
+        from torch._inductor.kernel.custom_op import register_custom_op_autotuning
+        from chunked.impl import configs
 
         @torch.library.custom_op("fingerprint_procs::op", mutates_args=())
         def op(x: torch.Tensor) -> torch.Tensor:
@@ -327,62 +434,137 @@ class TestCacheAcrossProcesses(TestCase):
         def _(x):
             return torch.empty_like(x)
 
-        # The implementation is the only candidate: it is what runs.
-        register_custom_op_autotuning(
-            op, configs=[CustomOpConfig(impl)], include_fallback=False
-        )
-        out = torch.compile(lambda x: op(x))(torch.ones(4))
-        fx = counters["inductor"]
-        print(json.dumps([out.tolist(), fx["fxgraph_cache_miss"], fx["fxgraph_cache_hit"]]))
+        served = []
+        for name in sys.argv[2:]:
+            # The implementation is the only candidate: it is what runs.
+            register_custom_op_autotuning(
+                op, configs=configs(name), include_fallback=False
+            )
+            torch._dynamo.reset()
+            counters.clear()
+            out = torch.compile(lambda x: op(x))(torch.ones(4))
+            fx = counters["inductor"]
+            served.append(
+                [out.tolist()]
+                + [fx[f"fxgraph_cache_{how}"] for how in ("miss", "hit", "bypass")]
+            )
+        print(json.dumps(served))
         """
     )
 
-    def test_constants_and_helpers_of_other_modules(self):
-        with tempfile.TemporaryDirectory() as root:
-            package = Path(root, "chunked")
-            package.mkdir()
-            (package / "__init__.py").write_text("")
-            helpers = package / "helpers.py"
-            helpers.write_text("def combine(x):\n    return x * 8\n")
-            impl = package / "impl.py"
-            impl.write_text(
-                "from chunked.helpers import combine\n\nCHUNKS = 4\n\n\n"
-                "def impl(x):\n    return combine(x) + CHUNKS\n"
-            )
-            driver = Path(root, "driver.py")
-            driver.write_text(self.DRIVER)
-            # Inductor's caches at their defaults (on), one directory.
-            env = dict(os.environ)
-            env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
-            env.pop("TORCHINDUCTOR_FX_GRAPH_CACHE", None)
-            env.update(
-                TORCHINDUCTOR_CACHE_DIR=str(Path(root, "cache")),
-                # Each process reads the sources as edited, never a stale .pyc.
-                PYTHONDONTWRITEBYTECODE="1",
-            )
+    def processes(self, impl_source):
+        """A package ``chunked`` whose ``impl`` module has ``impl_source``, and a runner.
 
-            def run():
-                done = subprocess.run(
-                    [sys.executable, str(driver), root],
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                )
-                self.assertEqual(done.returncode, 0, done.stderr[-3000:])
-                values, misses, hits = json.loads(done.stdout.splitlines()[-1])
+        The runner runs a fresh process on one cache directory and returns,
+        per name it is given, ``(result, FX graph cache misses, hits,
+        bypasses)``.
+        """
+        root = tempfile.TemporaryDirectory()
+        self.addCleanup(root.cleanup)
+        package = Path(root.name, "chunked")
+        package.mkdir()
+        (package / "__init__.py").write_text("")
+        (package / "impl.py").write_text(impl_source)
+        driver = Path(root.name, "driver.py")
+        driver.write_text(self.DRIVER)
+        # Inductor's caches at their defaults (on), one directory.
+        env = dict(os.environ)
+        env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+        env.pop("TORCHINDUCTOR_FX_GRAPH_CACHE", None)
+        env.update(
+            TORCHINDUCTOR_CACHE_DIR=str(Path(root.name, "cache")),
+            # Each process reads the sources as edited, never a stale .pyc.
+            PYTHONDONTWRITEBYTECODE="1",
+        )
+
+        def run(*names):
+            done = subprocess.run(
+                [sys.executable, str(driver), root.name, *names],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            served = json.loads(done.stdout.splitlines()[-1])
+            for values, *_ in served:
                 self.assertEqual(len(set(values)), 1)
-                return (int(values[0]), misses, hits)
+            return [(int(values[0]), *counts) for values, *counts in served]
 
-            first = run()
-            impl.write_text(impl.read_text().replace("CHUNKS = 4", "CHUNKS = 5"))
-            second = run()
-            helpers.write_text(helpers.read_text().replace("x * 8", "x * 18"))
-            third = run()
-            again = run()
-        # (result, FX graph cache misses, hits) per process.
+        return package, run
+
+    def test_values_of_the_registration(self):
+        # The registration's values change from one process to the next, the
+        # sources do not.
+        _, run = self.processes(
+            textwrap.dedent(
+                """
+                import enum
+                from torch._inductor.kernel.custom_op import CustomOpConfig
+
+
+                class Mode(enum.Enum):
+                    DOUBLE = 2
+                    TRIPLE = 3
+
+
+                def by_mode(x, mode):
+                    return x * mode.value
+
+
+                class Chunked:
+                    def __init__(self, chunks):
+                        self.chunks = chunks
+
+                    def run(self, x):
+                        return x * self.chunks
+
+
+                class Packed:
+                    __slots__ = ("chunks",)
+
+                    def __init__(self, chunks):
+                        self.chunks = chunks
+
+                    def run(self, x):
+                        return x * self.chunks
+
+
+                def configs(name):
+                    kind, value = name.split("=")
+                    if kind == "mode":
+                        return [CustomOpConfig(by_mode, mode=Mode[value])]
+                    chunked = {"chunked": Chunked, "packed": Packed}[kind]
+                    return [CustomOpConfig(chunked(int(value)).run)]
+                """
+            )
+        )
+        first = run("mode=DOUBLE", "chunked=4", "packed=4")
+        second = run("mode=TRIPLE", "chunked=8", "packed=8")
+        again = run("mode=TRIPLE", "chunked=8", "packed=8")
+        # (result, FX graph cache misses, hits, bypasses) per registration.
+        self.assertEqual(first, [(2, 1, 0, 0), (4, 1, 0, 0), (4, 0, 0, 1)])
+        self.assertEqual(second, [(3, 1, 0, 0), (8, 1, 0, 0), (8, 0, 0, 1)])
+        self.assertEqual(again, [(3, 0, 1, 0), (8, 0, 1, 0), (8, 0, 0, 1)])
+
+    def test_constants_and_helpers_of_other_modules(self):
+        package, run = self.processes(
+            "from torch._inductor.kernel.custom_op import CustomOpConfig\n"
+            "from chunked.helpers import combine\n\nCHUNKS = 4\n\n\n"
+            "def impl(x):\n    return combine(x) + CHUNKS\n\n\n"
+            "def configs(name):\n    return [CustomOpConfig(impl)]\n"
+        )
+        helpers, impl = package / "helpers.py", package / "impl.py"
+        helpers.write_text("def combine(x):\n    return x * 8\n")
+        first = run("impl")
+        impl.write_text(impl.read_text().replace("CHUNKS = 4", "CHUNKS = 5"))
+        second = run("impl")
+        helpers.write_text(helpers.read_text().replace("x * 8", "x * 18"))
+        third = run("impl")
+        again = run("impl")
+        # (result, FX graph cache misses, hits, bypasses) per process.
         self.assertEqual(
             [first, second, third, again],
-            [(12, 1, 0), (13, 1, 0), (23, 1, 0), (23, 0, 1)],
+            [[(12, 1, 0, 0)], [(13, 1, 0, 0)], [(23, 1, 0, 0)], [(23, 0, 1, 0)]],
         )
 
 

@@ -9,10 +9,10 @@ runs and sizes it takes, and must
 exit 0 and print its table.  The figures they print are not checked:
 ``docs/measurements.md`` quotes full runs.
 
-Seven scripts are only started (``--help``), not run: each launches its
+Eight scripts are only started (``--help``), not run: each launches its
 jobs through helpers that a run here or a test module of ``test/inductor``
 already runs (``COVERED_BY`` names them), and their runs would cost CI's
-two cores some six minutes.  Their own code past argument parsing is
+two cores some eight minutes.  Their own code past argument parsing is
 checked by their full runs (``docs/measurements.md``).
 """
 
@@ -58,6 +58,9 @@ COVERED_BY = {
     "bench_collective_launchers.py": "launch: test_collective_launchers.py",
     "bench_collective_programs.py": "launch_ranks and the demo's ops: regret's run",
     "bench_collective_requests.py": "launch_ranks: regret's run",
+    "bench_collective_tp.py": (
+        "launch_ranks, private_cache_dir, the demo's ops and regret's statistics: regret's run"
+    ),
     "bench_collective_shared_caches.py": (
         "launch, busy_machine, redis_server: test_collective_shared_caches.py"
     ),

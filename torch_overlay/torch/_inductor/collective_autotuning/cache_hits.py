@@ -24,7 +24,7 @@ from torch._inductor.runtime.collective_benchmarking.decision_cache import (
 )
 from torch._inductor.runtime.collective_benchmarking.groups import (
     process_group_topology,
-    resolve_group,
+    registered_group,
 )
 from torch._inductor.runtime.collective_benchmarking.types import Candidate, OpToTune
 
@@ -55,22 +55,21 @@ def serves_this_process(sessions: Sequence[RecordedSession]) -> bool:
     the topology, and a program compiled for another rank is only passed
     over (the rank compiles its own, or finds it under the same key).
     """
-    if not dist.is_available() or not dist.is_initialized():
-        return False
-    for session in sessions:
-        if session.rank is not None and session.rank != dist.get_rank():
-            return False
-        try:
-            group = resolve_group(session.group_name)
-        except (KeyError, RuntimeError):
-            return False  # the group does not exist in this job
-        if process_group_topology(group) != session.topology:
-            return False
-    return True
+    return all(
+        (group := registered_group(session.group_name)) is not None
+        and session.rank in (None, dist.get_rank())
+        and process_group_topology(group) == session.topology
+        for session in sessions
+    )
 
 
 def _never_run() -> Any:
     raise AssertionError("a replayed session does not run candidates")
+
+
+def _replayed(name: str, is_default: bool, signature: str) -> Candidate:
+    # A recorded candidate, as the join compares it: a replay runs none.
+    return Candidate(name, _never_run, is_default, signature=signature)
 
 
 def replay_sessions(sessions: Sequence[RecordedSession]) -> bool:
@@ -86,32 +85,21 @@ def replay_sessions(sessions: Sequence[RecordedSession]) -> bool:
     ``CollectiveBenchmarkError`` as a session does.
     """
     config = benchmark_config()
-    agreed: list[tuple[str, list[OpToTune], list[CollectiveDecision]]] = []
+    agreed: list[tuple[str, str, CollectiveDecision]] = []
     consistent = True
     for session in sessions:
         ops = [
-            OpToTune(
-                key,
-                [
-                    Candidate(name, _never_run, is_default, signature=signature)
-                    for name, is_default, signature in candidates
-                ],
-                memo_key,
-            )
+            OpToTune(key, [_replayed(*candidate) for candidate in candidates], memo_key)
             for key, candidates, memo_key in session.ops
         ]
-        benchmarker = CollectiveBenchmarker(
+        decisions = CollectiveBenchmarker(
             session.group_name, config, torch.device(session.device_type)
-        )
-        decisions = benchmarker.run_batch(ops, known=session.decisions)
-        consistent = consistent and all(
-            decision_digest(mine) == decision_digest(group)
-            for mine, group in zip(session.decisions, decisions, strict=True)
-        )
-        agreed.append((session.group_name, ops, decisions))
+        ).run_batch(ops, known=session.decisions)
+        for op, mine, group in zip(ops, session.decisions, decisions, strict=True):
+            consistent = consistent and decision_digest(mine) == decision_digest(group)
+            agreed.append((session.group_name, op.key, group))
     if not consistent:
-        for group_name, ops, decisions in agreed:
-            for op, decision in zip(ops, decisions, strict=True):
-                pre_agree(group_name, op.key, decision)
+        for group_name, op_key, decision in agreed:
+            pre_agree(group_name, op_key, decision)
     counters["collective_autotuning"]["replayed_sessions"] += len(sessions)
     return consistent

@@ -30,7 +30,6 @@ from torch._inductor.runtime.collective_benchmarking.decisions import (
 from torch._inductor.runtime.collective_benchmarking.groups import resolve_group
 from torch._inductor.runtime.collective_benchmarking.reporting import (
     DecisionSource,
-    explain,
     publish,
 )
 from torch._inductor.runtime.collective_benchmarking.rules import (
@@ -40,10 +39,10 @@ from torch._inductor.runtime.collective_benchmarking.rules import (
 from torch._inductor.runtime.collective_benchmarking.timing import device_of
 from torch._inductor.runtime.collective_benchmarking.types import (
     Candidate,
-    CollectiveBenchmarkConfig,
     CollectiveBenchmarkError,
     digest,
 )
+from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
 from .collective_graphs import (
     collective_group_name,
@@ -90,28 +89,21 @@ def candidate_names(choices: Sequence[Any]) -> list[tuple[str, bool]]:
 
 
 def collective_candidates(
-    choices: Sequence[Any],
-    autotune_args: Any,
-    *,
-    uses_layout_preserving_inputs: Callable[[Any], bool],
-) -> tuple[list[Candidate], str]:
-    """The :class:`Candidate` of each Inductor ``ChoiceCaller``, and a key of their inputs.
+    choices: Sequence[Any], autotune_args: Any
+) -> list[Candidate]:
+    """The :class:`Candidate` of each Inductor ``ChoiceCaller``, on ``autotune_args``' tensors.
 
     Candidates are named by :func:`candidate_names`, in ``choices`` order.
     Local work only: no rank waits for another.
     """
     candidates: list[Candidate] = []
-    shapes: list[tuple[tuple[int, ...], torch.dtype]] = []
     for choice, (name, is_default) in zip(
         choices, candidate_names(choices), strict=True
     ):
         inputs, output = autotune_args.get_benchmark_tensors(
-            uses_layout_preserving_inputs(choice)
+            AlgorithmSelectorCache._uses_layout_preserving_inputs(choice)
         ).unpack()
         output.zero_()
-        shapes = [
-            (tuple(t.shape), t.dtype) for t in inputs if isinstance(t, torch.Tensor)
-        ]
         candidates.append(
             Candidate(
                 name,
@@ -121,12 +113,15 @@ def collective_candidates(
                 prepare=compile_as_candidate(choice._ensure_compiled)
                 if hasattr(choice, "_ensure_compiled")
                 else None,
+                magnitude=_choice_runner(choice, inputs, output, absolute=True)
+                if is_default
+                else None,
                 signature=collective_signature(choice),
                 in_flight=collectives_in_flight(choice),
                 collectives=collective_ops(choice),
             )
         )
-    return candidates, f"{shapes}"
+    return candidates
 
 
 def compile_as_candidate(compile: Callable[[], object]) -> Callable[[], None]:
@@ -144,11 +139,7 @@ def compile_as_candidate(compile: Callable[[], object]) -> Callable[[], None]:
 
 
 def benchmark_collective_choices(
-    choices: Sequence[Any],
-    autotune_args: Any,
-    *,
-    uses_layout_preserving_inputs: Callable[[Any], bool],
-    config: CollectiveBenchmarkConfig | None = None,
+    choices: Sequence[Any], autotune_args: Any
 ) -> dict[Any, float]:
     """Benchmark Inductor ``ChoiceCaller``s that contain collectives; agreed ms per choice.
 
@@ -159,26 +150,17 @@ def benchmark_collective_choices(
     :class:`CollectiveBenchmarkError` when a member is lost or the members are
     not tuning the same op.
     """
-    config = config or benchmark_config()
-    group_name = collective_group_name(choices)
-    candidates, key = collective_candidates(
-        choices,
-        autotune_args,
-        uses_layout_preserving_inputs=uses_layout_preserving_inputs,
-    )
-    inputs, output = autotune_args.get_benchmark_tensors(
-        uses_layout_preserving_inputs(choices[0])
-    ).unpack()
+    candidates = collective_candidates(choices, autotune_args)
+    inputs, output = autotune_args.get_benchmark_tensors().unpack()
+    shapes = [(tuple(t.shape), t.dtype) for t in inputs if isinstance(t, torch.Tensor)]
     benchmarker = CollectiveBenchmarker(
-        group_name, config, device_of([*inputs, output])
+        collective_group_name(choices), benchmark_config(), device_of([*inputs, output])
     )
     # Each candidate timed alone: what V2 measures for an op without an epilogue.
     decision = benchmarker.run(
-        candidates, key=key, memo_key=f"{choices_identity(choices)}|alone"
+        candidates, key=f"{shapes}", memo_key=f"{choices_identity(choices)}|alone"
     )
-    return AgreedTimings(
-        choices, [(c.name, c.is_default) for c in candidates], decision
-    )
+    return AgreedTimings(choices, candidate_names(choices), decision)
 
 
 class AgreedTimings(dict[Any, float]):
@@ -206,15 +188,6 @@ class AgreedTimings(dict[Any, float]):
             name: choice for choice, (name, _) in zip(choices, names, strict=True)
         }
         self._default = next((name for name, is_default in names if is_default), None)
-
-    def why(self) -> dict[Any, str]:
-        """Why each choice won or lost, as the trace and TORCH_LOGS say it
-        (``reporting.explain``): the same on every rank."""
-        notes = explain(self.decision, self._default, benchmark_config().confidence)
-        return {
-            self._choice_named[result.name]: note
-            for result, note in zip(self.decision.results, notes, strict=True)
-        }
 
     def agreed_choice(self, min_speedup_threshold: float = 1.0) -> Any:
         """The choice every rank of the group runs.
@@ -281,23 +254,18 @@ def report_untimed(name: str, choices: Sequence[Any], chosen: Any) -> None:
     decision = CollectiveDecision(
         group_name or "",
         (),
-        next(
-            n for choice, (n, _) in zip(choices, names, strict=True) if choice is chosen
-        ),
+        names[choices.index(chosen)][0],
         "deterministic mode benchmarks nothing: the op's default runs",
         DecisionRule.DETERMINISTIC,
     )
-    default = next((n for n, is_default in names if is_default), None)
     publish(
         decision,
         name,
-        header=f"collective autotuning of {name}",
-        logger=decision_log,
-        tuning_key=None,
+        DecisionSource.UNTIMED,
+        default=next((n for n, is_default in names if is_default), None),
+        candidates=[],  # nothing was timed: no candidate to explain
         ranks=dist.get_process_group_ranks(group) if group is not None else [],
-        source=DecisionSource.UNTIMED,
-        default=default,
-        notes=[],  # nothing was timed: no candidate to explain
+        logger=decision_log,
     )
 
 
@@ -325,10 +293,20 @@ def choices_identity(choices: Sequence[Any]) -> str:
 
 
 def _choice_runner(
-    choice: Any, inputs: Sequence[Any], output: torch.Tensor
+    choice: Any, inputs: Sequence[Any], output: torch.Tensor, absolute: bool = False
 ) -> Callable[[], Any]:
+    # ``absolute``: on the absolute values of the floating-point inputs, into
+    # an output of its own (see Candidate.magnitude).
     def run() -> Any:
-        result = choice.benchmark_collective(*inputs, out=output)
-        return output if result is None else result
+        out = torch.empty_like(output) if absolute else output
+        args = [_absolute(value) if absolute else value for value in inputs]
+        result = choice.benchmark_collective(*args, out=out)
+        return out if result is None else result
 
     return run
+
+
+def _absolute(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.abs()
+    return value

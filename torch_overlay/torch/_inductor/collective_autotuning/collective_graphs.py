@@ -32,7 +32,14 @@ __all__ = [
 ]
 
 
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d")
+# symm_mem: symmetric-memory collectives (one_shot_all_reduce, ...) and the
+# puts, gets and signals that pair up across ranks.
+_COLLECTIVE_NAMESPACES = (
+    "_c10d_functional",
+    "_c10d_functional_autograd",
+    "c10d",
+    "symm_mem",
+)
 
 
 def is_collective(node: torch.fx.Node) -> bool:
@@ -53,9 +60,7 @@ def is_collective(node: torch.fx.Node) -> bool:
 
 def _collective_nodes(choice: Any) -> list[torch.fx.Node]:
     gm = getattr(choice, "gm", None)
-    if gm is None:
-        return []
-    return [node for node in gm.graph.nodes if is_collective(node)]
+    return [] if gm is None else [n for n in gm.graph.nodes if is_collective(n)]
 
 
 def _group_of(node: torch.fx.Node) -> str | None:

@@ -1,9 +1,8 @@
 """Deferred autotuning (V2) of custom ops whose implementations contain collectives.
 
 The lowering returns a :class:`~torch._inductor.ir.CollectiveMultiTemplateBuffer`
-holding every candidate (:func:`defer_collective_choices`, and
-:func:`defer_collective_range_choices` for a range-dispatched op); the
-scheduler tunes it (``deferred_tuning.py``).  Why before fusion, dynamic
+holding every candidate (:func:`defer_collective_choices`, of every range
+for a range-dispatched op); the scheduler tunes it (``deferred_tuning.py``).  Why before fusion, dynamic
 shapes, range dispatch and identical nodes: ``docs/modules.md``,
 "deferral.py".
 """
@@ -28,7 +27,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CollectiveRange",
     "defer_collective_choices",
-    "defer_collective_range_choices",
     "deferral_enabled",
     "RangeDispatch",
 ]
@@ -83,64 +81,27 @@ def defer_collective_choices(
     name: str,
     choices: Sequence[Any],
     inputs: Sequence[ir.IRNode],
-    input_gen_fns: dict[int, Callable[[Any], torch.Tensor]] | None,
     layout: ir.Layout,
+    *,
+    input_gen_fns: dict[int, Callable[[Any], torch.Tensor]] | None = None,
     min_speedup_threshold: float = 1.0,
+    range_dispatch: RangeDispatch | None = None,
 ) -> ir.TensorBox:
     """The lowering of a collective custom op under V2: a node holding every choice.
 
     Called while lowering the op's FX node (``V.graph.current_node``), which
     the scheduler uses to find the op's pointwise epilogue.  ``choices`` are
-    the op's ``ChoiceCaller``s, the eager default included; ``layout`` is the
-    op's output layout on ``inputs`` (symbolic where their sizes are).
+    the op's ``ChoiceCaller``s, the eager default included; of a
+    ``range_dispatch``, every range's, whose winners the group agrees on in
+    its one session.  ``layout`` is the op's output layout on ``inputs``
+    (symbolic where their sizes are).
     """
-    return _deferred(
-        name, choices, inputs, input_gen_fns or {}, layout, min_speedup_threshold
-    )
-
-
-def defer_collective_range_choices(
-    name: str,
-    ranges: Sequence[CollectiveRange],
-    inputs: Sequence[ir.IRNode],
-    layout: ir.Layout,
-    lower: Callable[[list[Any]], ir.TensorBox | None],
-    min_speedup_threshold: float = 1.0,
-    *,
-    dispatch_on: str,
-) -> ir.TensorBox:
-    """The lowering of a range-dispatched collective custom op under V2.
-
-    As :func:`defer_collective_choices`, with one set of choices per range;
-    the scheduler agrees on every range's winner in the group's one session
-    and calls ``lower`` with them (see :class:`RangeDispatch`).
-    """
-    return _deferred(
-        name,
-        [choice for collective_range in ranges for choice in collective_range.choices],
-        inputs,
-        {},
-        layout,
-        min_speedup_threshold,
-        RangeDispatch(dispatch_on, list(ranges), lower),
-    )
-
-
-def _deferred(
-    name: str,
-    choices: Sequence[Any],
-    inputs: Sequence[ir.IRNode],
-    input_gen_fns: dict[int, Callable[[Any], torch.Tensor]],
-    layout: ir.Layout,
-    min_speedup_threshold: float,
-    range_dispatch: RangeDispatch | None = None,
-) -> ir.TensorBox:
     buffer = ir.CollectiveMultiTemplateBuffer(
         layout,
         list(inputs),
         list(choices),
         op_name=name,
-        input_gen_fns=input_gen_fns,
+        input_gen_fns=input_gen_fns or {},
         fx_node=V.graph.current_node,
         min_speedup_threshold=min_speedup_threshold,
         range_dispatch=range_dispatch,

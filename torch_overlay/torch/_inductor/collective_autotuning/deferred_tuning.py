@@ -40,10 +40,10 @@ from torch._inductor.runtime.collective_benchmarking.benchmarker import (
     CollectiveBenchmarker,
 )
 from torch._inductor.runtime.collective_benchmarking.groups import resolve_group
-from torch._inductor.runtime.collective_benchmarking.types import (
-    Candidate,
-    CollectiveBenchmarkConfig,
-    OpToTune,
+from torch._inductor.runtime.collective_benchmarking.types import Candidate, OpToTune
+from torch._inductor.select_algorithm import (
+    AlgorithmSelectorCache,
+    get_algorithm_selector_cache,
 )
 from torch._inductor.virtualized import V
 
@@ -86,8 +86,7 @@ class _Tunable:
         return self.node.op_name if self.range is None else self.range.name
 
     def describe_range(self) -> str:
-        dispatch = self.node.range_dispatch
-        if self.range is None or dispatch is None:
+        if self.range is None or (dispatch := self.node.range_dispatch) is None:
             return ""
         return f" for {dispatch.on} in {self.range.bounds}"
 
@@ -125,47 +124,38 @@ def finalize_collective_multi_template_buffers(
     ]
     if not nodes:
         return operations
+    tunables = [_tunables(node) for node in nodes]
     by_group: dict[str, list[_Tunable]] = {}
-    tunables_of: dict[str, list[_Tunable]] = {}
-    for node in nodes:
+    for node, of_node in zip(nodes, tunables, strict=True):
         # A node whose candidates name no group (only the eager default
         # communicates) runs on the default group.
-        group_name = (
-            collective_group_name(node.choices) or resolve_group(None).group_name
-        )
-        tunables_of[node.get_name()] = _tunables(node)
-        by_group.setdefault(group_name, []).extend(tunables_of[node.get_name()])
-    settings = benchmark_config()
+        group = collective_group_name(node.choices) or resolve_group(None).group_name
+        by_group.setdefault(group, []).extend(of_node)
     winners: dict[_Tunable, Any] = {}
-    for group_name in sorted(by_group):
-        winners.update(_agree_on_group(group_name, by_group[group_name], settings))
+    for group in sorted(by_group):
+        winners.update(_agree_on_group(group, by_group[group]))
     # Inline every winner first and splice afterwards: operation names come
     # from the length of V.graph.operations, which must not shrink while ops
     # are still being registered.
-    replacements = [
-        (
-            node,
-            *inline_winners(node, [winners[t] for t in tunables_of[node.get_name()]]),
-        )
-        for node in nodes
+    inlined = [
+        inline_winners(node, [winners[t] for t in of_node])
+        for node, of_node in zip(nodes, tunables, strict=True)
     ]
-    for node, new_ops, out_buffer in replacements:
+    for node, (new_ops, out_buffer) in zip(nodes, inlined, strict=True):
         splice(node, new_ops, out_buffer)
     return V.graph.operations
 
 
-def _agree_on_group(
-    group_name: str, group_tunables: list[_Tunable], settings: CollectiveBenchmarkConfig
-) -> dict[_Tunable, Any]:
+def _agree_on_group(group_name: str, tunables: list[_Tunable]) -> dict[_Tunable, Any]:
     # One session of the group over its tunables: the agreed winner of each.
     # Identical tunables (equal tuning keys) share one benchmark and decision.
     sharing: dict[str, list[_Tunable]] = {}
-    for tunable in group_tunables:
+    for tunable in tunables:
         sharing.setdefault(_tuning_key(tunable), []).append(tunable)
     # The key of each benchmarked op names the nodes it stands for (and its
     # range), so the join also checks that every rank holds the same list of
     # them.
-    names = dict.fromkeys(tunable.node.get_name() for tunable in group_tunables)
+    names = dict.fromkeys(tunable.node.get_name() for tunable in tunables)
     position = {name: i for i, name in enumerate(names)}
     runners = [_Runners(members[0]) for members in sharing.values()]
     ops = [
@@ -174,9 +164,9 @@ def _agree_on_group(
         )
         for runner, (key, members) in zip(runners, sharing.items(), strict=True)
     ]
-    device = group_tunables[0].node.get_device()
+    device = tunables[0].node.get_device()
     assert device is not None  # a collective node's output has a device
-    benchmarker = CollectiveBenchmarker(group_name, settings, device)
+    benchmarker = CollectiveBenchmarker(group_name, benchmark_config(), device)
     try:
         agreed = benchmarker.run_batch(ops)
     finally:
@@ -184,7 +174,7 @@ def _agree_on_group(
         # the next group's session and the rest of the compile.
         for runner in runners:
             runner.release()
-    counters["collective_autotuning"]["shared"] += len(group_tunables) - len(sharing)
+    counters["collective_autotuning"]["shared"] += len(tunables) - len(sharing)
     return {
         member: _agreed_winner(member, op, outcome)
         for members, op, outcome in zip(sharing.values(), ops, agreed, strict=True)
@@ -206,30 +196,18 @@ def _tuning_key(tunable: _Tunable) -> str:
     return f"{choices_identity(tunable.choices)}|{timed_with}{tunable.describe_range()}"
 
 
-def _benchmark_shapes(tunable: _Tunable) -> list[tuple[int, ...]]:
-    # The concrete shapes the candidates are benchmarked at: the size hints,
-    # or what the input generators make (a range's top size).  A subgraph
-    # choice holds its benchmark inputs; every deferred tunable has one
-    # (its collectives are found in the choices' graphs).
-    for choice in tunable.choices:
-        inputs = getattr(choice, "benchmark_inputs", None)
-        if inputs is not None:
-            return [tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]
-    return [
-        tuple(V.graph.sizevars.optimization_hints(inp.get_size()))
-        for inp in tunable.node.original_inputs
-    ]
-
-
 def _op_to_tune(runners: _Runners, tuning_key: str, positions: list[int]) -> OpToTune:
     tunable = runners.tunable
     node, follows = tunable.node, tunable.follows
     candidates = [
         Candidate(
             name,
-            functools.partial(runners.run, index),
+            functools.partial(runners.call, index, "fn"),
             is_default,
-            functools.partial(runners.prepare, index),
+            functools.partial(runners.call, index, "prepare"),
+            magnitude=functools.partial(runners.call, index, "magnitude")
+            if is_default
+            else None,
             signature=collective_signature(choice),
             in_flight=collectives_in_flight(choice),
             collectives=collective_ops(choice),
@@ -239,7 +217,14 @@ def _op_to_tune(runners: _Runners, tuning_key: str, positions: list[int]) -> OpT
         )
     ]
     shapes = [(tuple(inp.get_size()), inp.get_dtype()) for inp in node.original_inputs]
-    at = _benchmark_shapes(tunable)
+    # The concrete shapes the candidates are benchmarked at: the size hints,
+    # or what the input generators make (a range's top size).  A subgraph
+    # choice holds its benchmark inputs; every deferred tunable has one
+    # (its collectives are found in the choices' graphs).
+    inputs = next(
+        c.benchmark_inputs for c in tunable.choices if hasattr(c, "benchmark_inputs")
+    )
+    at = [tuple(t.shape) for t in inputs if isinstance(t, torch.Tensor)]
     # Symbolic shapes are benchmarked at their hints, which every rank must
     # share: the key says which, so that ranks that differ fail at the join.
     benchmarked = (
@@ -267,8 +252,6 @@ class _Runners:
 
     @functools.cached_property
     def candidates(self) -> list[Candidate]:
-        from torch._inductor.select_algorithm import AlgorithmSelectorCache
-
         tunable = self.tunable
         node = tunable.node
         # The first choice's layout, as V1 benchmarks: concrete, at the size
@@ -279,10 +262,9 @@ class _Runners:
             tunable.choices[0].layout,
             tunable.input_gen_fns,
         )
-        candidates, _ = collective_candidates(
+        candidates = collective_candidates(
             tunable.choices,
             args,
-            uses_layout_preserving_inputs=AlgorithmSelectorCache._uses_layout_preserving_inputs,
         )
         if tunable.epilogue is not None:
             candidates = time_with_epilogue(
@@ -294,12 +276,10 @@ class _Runners:
         """Drop the benchmark inputs and outputs, once the session is over."""
         self.__dict__.pop("candidates", None)
 
-    def prepare(self, index: int) -> Any:
-        prepare = self.candidates[index].prepare
-        return prepare() if prepare is not None else None
-
-    def run(self, index: int) -> Any:
-        return self.candidates[index].fn()
+    def call(self, index: int, runner: str) -> Any:
+        """Call candidate ``index``'s ``runner`` (``fn``, ``prepare`` or ``magnitude``)."""
+        run = getattr(self.candidates[index], runner)
+        return run() if run is not None else None
 
 
 # --- the agreed winner ---------------------------------------------------------------
@@ -309,27 +289,24 @@ def _agreed_winner(tunable: _Tunable, op: OpToTune, outcome: CollectiveDecision)
     timings = AgreedTimings(
         tunable.choices, [(c.name, c.is_default) for c in op.candidates], outcome
     )
-    _report(tunable, timings)
-    return timings.agreed_choice(tunable.node.min_speedup_threshold)
-
-
-def _report(tunable: _Tunable, timings: dict[Any, float]) -> None:
     # The hooks autotune_select_algorithm calls after benchmarking, so that
     # tools built on them see both paths alike.  The timings are the agreed
     # ones, the same on every rank.
-    from torch._inductor.select_algorithm import get_algorithm_selector_cache
-
-    def profiled_time_fn(choices_override: Any = None) -> dict[Any, float]:
-        raise NotImplementedError(
-            "collective choices are only timed by their whole group, in lock-step"
-        )
-
     for feedback in get_algorithm_selector_cache().feedback_saver_fns:
         feedback(
             timings,
             tunable.op_name,
             list(tunable.node.original_inputs),
             list(tunable.choices),
-            profiled_time_fn,
+            _profiled_time_fn,
             {},
         )
+    return timings.agreed_choice(tunable.node.min_speedup_threshold)
+
+
+def _profiled_time_fn(choices_override: Any = None) -> dict[Any, float]:
+    # What a feedback saver calls to re-time choices under the profiler: one
+    # rank cannot run collective choices alone.
+    raise NotImplementedError(
+        "collective choices are only timed by their whole group, in lock-step"
+    )

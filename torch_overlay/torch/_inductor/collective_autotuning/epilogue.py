@@ -79,7 +79,6 @@ class Epilogue:
     extra_inputs: list[ir.IRNode]
     layout: ir.FixedLayout
     key: str  # its ops, for names and logs
-    structure: str  # what timing can depend on: ops, arguments, input layouts
 
     @staticmethod
     def find(node: ir.CollectiveMultiTemplateBuffer) -> Epilogue | None:
@@ -99,80 +98,68 @@ class Epilogue:
                 and isinstance(user.meta.get("val"), torch.Tensor)
             ):
                 break
-            new_extras = {
+            lowered = {
                 arg: _lowered_input(arg)
                 for arg in user.all_input_nodes
-                if arg is not current
+                if arg is not current and arg not in extras
             }
-            if any(value is None for value in new_extras.values()):
+            if any(value is None for value in lowered.values()):
                 break
-            extras.update(
-                {
-                    arg: value
-                    for arg, value in new_extras.items()
-                    if arg not in extras and value is not None  # none is, see above
-                }
-            )
+            extras.update((arg, v) for arg, v in lowered.items() if v is not None)
             chain.append(user)
             current = user
         if not chain:
             return None
+        # Its nodes are named after their ops, in order (not after the nodes
+        # they copy): nodes followed by equal chains get equal graphs.
         graph = torch.fx.Graph()
         env = {fx_node: graph.placeholder("collective_output")}
         for i, arg in enumerate(extras):
             env[arg] = graph.placeholder(f"epilogue_input_{i}")
         for user in chain:
-            env[user] = graph.node_copy(user, lambda arg: env[arg])
-        graph.output(env[chain[-1]])
-        value = chain[-1].meta["val"]
+            args, kwargs = torch.fx.map_arg((user.args, user.kwargs), env.__getitem__)
+            env[user] = graph.create_node("call_function", user.target, args, kwargs)
+        graph.output(env[current])
+        value = current.meta["val"]
         layout = ir.FixedLayout(
             device=value.device,
             dtype=value.dtype,
             size=convert_shape_to_inductor(value.shape),
             stride=convert_shape_to_inductor(value.stride()),
         )
-        key = "+".join(str(user.target) for user in chain)
         return Epilogue(
             torch.fx.GraphModule(torch.nn.Module(), graph),
             list(extras.values()),
             layout,
-            key,
-            _structure(fx_node, chain, extras),
+            "+".join(str(user.target) for user in chain),
         )
 
+    @property
+    def structure(self) -> str:
+        """What timing with the epilogue can depend on: its ops, their
+        arguments and the layouts of its other inputs.
 
-def _structure(
-    fx_node: torch.fx.Node,
-    chain: list[torch.fx.Node],
-    extras: dict[torch.fx.Node, ir.IRNode],
-) -> str:
-    names = {fx_node: "out", **{arg: f"in{i}" for i, arg in enumerate(extras)}}
-    names.update({user: f"t{j}" for j, user in enumerate(chain)})
-    parts = []
-    for user in chain:
-        target = user.target
-        assert isinstance(target, torch._ops.OpOverload)  # as Epilogue.find checked
-        value_free = target.overloadpacket in _VALUE_FREE_SCALAR_OPS
+        Equal for nodes whose epilogues differ only in scalar operands of
+        arithmetic whose generated code does the same work whatever their
+        value (``y * 0.5 + i``), and the same on every rank.
+        """
+        parts = [
+            f"in{i}:{value.get_size()},{value.get_stride()},{value.get_dtype()}"
+            for i, value in enumerate(self.extra_inputs)
+        ]
+        for node in self.gm.graph.nodes:
+            if node.op != "call_function":
+                continue
+            operands = (node.args, node.kwargs)
+            if getattr(node.target, "overloadpacket", None) in _VALUE_FREE_SCALAR_OPS:
+                operands = torch.fx.node.map_aggregate(operands, _type_of_scalar)
+            parts.append(f"{node.name}={node.target}{operands}")
+        return "; ".join(parts)
 
-        def describe(value: Any, value_free: bool = value_free) -> str:
-            if isinstance(value, torch.fx.Node):
-                return names[value]
-            if (
-                value_free
-                and isinstance(value, (int, float))
-                and not isinstance(value, bool)
-            ):
-                return type(value).__name__
-            return repr(value)
 
-        args = torch.fx.node.map_aggregate(user.args, describe)
-        kwargs = torch.fx.node.map_aggregate(dict(user.kwargs), describe)
-        parts.append(f"{names[user]}={user.target}{args}{kwargs}")
-    parts += [
-        f"in{i}:{value.get_size()},{value.get_stride()},{value.get_dtype()}"
-        for i, value in enumerate(extras.values())
-    ]
-    return "; ".join(parts)
+def _type_of_scalar(value: Any) -> Any:
+    # A scalar operand by its type alone (a bool is no arithmetic operand).
+    return type(value).__name__ if type(value) in (int, float) else value
 
 
 class TailFusion(enum.Enum):
@@ -203,8 +190,7 @@ def tail_fusion(choice: Any, device: torch.device | None) -> TailFusion:
     gm = getattr(choice, "gm", None)
     if gm is None:
         return TailFusion.SEPARATE
-    (output,) = (n for n in gm.graph.nodes if n.op == "output")
-    value = output.args[0]
+    value = gm.graph.output_node().args[0]
     value = value[0] if isinstance(value, (list, tuple)) else value
     while (
         isinstance(value, torch.fx.Node)
@@ -268,9 +254,7 @@ def _lowered_input(arg: torch.fx.Node) -> ir.IRNode | None:
         value = V.graph.graph_inputs.get(str(arg.target))
     else:
         value = V.graph.env.get(arg)
-    if value is None or not ir.is_storage_and_layout(value):
-        return None
-    return value
+    return value if value is not None and ir.is_storage_and_layout(value) else None
 
 
 def _trace(fn: Callable[..., Any], *args: Any) -> torch.fx.GraphModule:
@@ -289,23 +273,19 @@ def _with_epilogue_caller(
     """A subgraph choice that runs ``choice`` (``None``: nothing) and then the epilogue."""
     from torch._inductor.codegen.subgraph import SubgraphChoiceCaller
 
-    run: Callable[..., Any]
     if choice is None:
         inputs: list[Any] = [ir.TensorBox.create(node)]
-
-        def run(out: torch.Tensor, *extra: torch.Tensor) -> Any:
-            return torch.fx.Interpreter(epilogue.gm).run(out, *extra)
-
         name = f"{node.op_name}_epilogue"
     else:
         inputs = list(choice.input_nodes)
-        count = len(inputs)
-
-        def run(*args: torch.Tensor) -> Any:
-            out = torch.fx.Interpreter(choice.gm).run(*args[:count])
-            return torch.fx.Interpreter(epilogue.gm).run(out, *args[count:])
-
         name = f"{choice.name}_with_epilogue"
+    count = len(inputs)
+
+    def run(*args: torch.Tensor) -> Any:
+        if choice is not None:  # its output takes the place of its inputs
+            args = (torch.fx.Interpreter(choice.gm).run(*args[:count]), *args[count:])
+        return torch.fx.Interpreter(epilogue.gm).run(*args)
+
     # The epilogue's inputs are IRNodes that its lowering held (TensorBoxes).
     input_nodes: list[Any] = [*inputs, *epilogue.extra_inputs]
     return SubgraphChoiceCaller(
@@ -365,8 +345,40 @@ def time_with_epilogue(
             prepare = _then(
                 candidate.prepare, compile_as_candidate(alone._ensure_compiled)
             )
-        timed.append(dataclasses.replace(candidate, fn=fn, prepare=prepare))
+        timed.append(
+            dataclasses.replace(
+                candidate,
+                fn=fn,
+                prepare=prepare,
+                magnitude=_magnitude_then(
+                    epilogue_only, candidate.magnitude, extras, epilogue_out
+                ),
+            )
+        )
     return timed
+
+
+def _magnitude_then(
+    epilogue: Any,
+    magnitude: Callable[[], Any] | None,
+    extras: Sequence[torch.Tensor],
+    like: torch.Tensor,
+) -> Callable[[], Any] | None:
+    # The default's magnitude (Candidate.magnitude) carried through the
+    # epilogue on absolute values: the magnitude of the sums and products
+    # that epilogues are made of.
+    if epilogue is None or magnitude is None:
+        return None
+
+    def run() -> Any:
+        absolute = [
+            extra.abs() if extra.is_floating_point() else extra for extra in extras
+        ]
+        return epilogue.benchmark_collective(
+            first_tensor(magnitude()), *absolute, out=torch.empty_like(like)
+        )
+
+    return run
 
 
 def _then(

@@ -30,19 +30,20 @@ operations are still being registered.
 from __future__ import annotations
 
 import contextlib
-import logging
 from typing import Any, TYPE_CHECKING
 
 from torch._inductor import ir
+from torch._inductor.codegen.subgraph import inline_subgraph_to_ir_nodes
 from torch._inductor.scheduler import _replace_operation_buffer
 from torch._inductor.virtualized import V
+from torch.utils._ordered_set import OrderedSet
 
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
 
-log = logging.getLogger(__name__)
 
 __all__ = ["inline_winners", "splice"]
 
@@ -56,20 +57,14 @@ def _lowering_of(node: ir.CollectiveMultiTemplateBuffer) -> Iterator[None]:
     # lowers as the op, not through that lowering again (graph.py's recursion
     # guard), which would defer it anew, past its group's session.
     target = node.fx_node.target if node.fx_node is not None else None
-    guarded = V.active_user_lowering_ops
-    guard = target is not None and target not in guarded
-    if guard:
-        guarded.add(target)
-    try:
-        with (
-            ir.IRNode.current_origins(node.origins),
-            # None when the node was made outside lowering: as there, no FX node.
-            V.set_current_node(node.fx_node),  # type: ignore[arg-type]
-        ):
-            yield
-    finally:
-        if guard:
-            guarded.discard(target)
+    guarded = OrderedSet([*V.active_user_lowering_ops, target])
+    with (
+        ir.IRNode.current_origins(node.origins),
+        # None when the node was made outside lowering: as there, no FX node.
+        V.set_current_node(node.fx_node),  # type: ignore[arg-type]
+        V.set_active_user_lowering_ops(guarded),
+    ):
+        yield
 
 
 def inline_winners(
@@ -86,39 +81,31 @@ def inline_winners(
     registered = len(V.graph.operations)
     layout = node.layout
     assert isinstance(layout, ir.Layout)  # it is constructed with one
+    winner = winners[0]
     with _lowering_of(node):
-        dispatch = node.range_dispatch
-        if dispatch is not None:
-            result = dispatch.lower(winners)
-            if result is None:
-                # Every rank traces the same dispatch: all raise alike.
-                raise RuntimeError(
-                    f"the range dispatch of {node.op_name} adds guards; "
-                    "it cannot be lowered once its ranges are decided"
-                )
-            out_buffer: ir.OperationBuffer = _materialize(result, layout, registered)
+        if node.range_dispatch is not None:
+            result = node.range_dispatch.lower(winners)
+        elif getattr(winner, "gm", None) is None:
+            # The op's eager default, an extern kernel, whose buffer takes the
+            # node's layout as in upstream's finalize_multi_template_buffers.
+            out_buffer = winner.output_node().data.data
+            out_buffer.layout = layout
+            return V.graph.operations[registered:], out_buffer
         else:
-            (winner,) = winners
-            if getattr(winner, "gm", None) is not None:
-                from torch._inductor.codegen.subgraph import (
-                    inline_subgraph_to_ir_nodes,
-                )
-
-                result = inline_subgraph_to_ir_nodes(
-                    winner.gm, list(node.original_inputs), node.op_name
-                )
-                out_buffer = _materialize(result, layout, registered)
-                if winner.config_patches:
-                    for op in V.graph.operations[registered:]:
-                        op.set_config_patches(winner.config_patches.copy())
-            else:
-                out_buffer = winner.output_node().data.data
-                out_buffer.layout = layout
-    log.debug(
-        "collective node %s: inlined %s",
-        node.get_name(),
-        [getattr(winner, "name", winner) for winner in winners],
-    )
+            result = inline_subgraph_to_ir_nodes(
+                winner.gm, list(node.original_inputs), node.op_name
+            )
+        if result is None:
+            # Every rank traces the same dispatch: all raise alike.
+            raise RuntimeError(
+                f"the range dispatch of {node.op_name} adds guards; "
+                "it cannot be lowered once its ranges are decided"
+            )
+        out_buffer = _materialize(result, layout, registered)
+    if node.range_dispatch is None and winner.config_patches:
+        # As V1 inlines a choice: under its config patches.
+        for op in V.graph.operations[registered:]:
+            op.set_config_patches(winner.config_patches.copy())
     return V.graph.operations[registered:], out_buffer
 
 
@@ -126,10 +113,12 @@ def _materialize(
     result: ir.TensorBox, layout: ir.Layout, registered: int
 ) -> ir.OperationBuffer:
     # No copy where the winner's own operations (from ``registered`` on) made
-    # its result buffer, whole, laid out as the node or free to be: a graph
-    # input or an earlier buffer keeps its name, and a view is no buffer.
-    buffer = result.data.data if isinstance(result.data, ir.StorageBox) else None
+    # its result buffer, laid out as the node or free to be, or a view of it
+    # that indexes like the node: a graph input or an earlier buffer keeps
+    # its name.
     new = V.graph.operations[registered:]
+    data = result.data
+    buffer = data.data if isinstance(data, ir.StorageBox) else None
     if isinstance(buffer, ir.OperationBuffer) and any(op is buffer for op in new):
         own = buffer.layout
         if isinstance(own, ir.FlexibleLayout):
@@ -137,22 +126,50 @@ def _materialize(
         if isinstance(own, ir.FixedLayout) and _key(own) == _key(layout):
             buffer.layout = own
             return buffer
+    if (
+        isinstance(data, ir.ReinterpretView)
+        and isinstance(data.data, ir.StorageBox)
+        and any(op is data.data.data for op in new)
+        and _key(data.layout)[:4] == _key(layout)[:4]
+    ):
+        # The users of the node index it by its layout, which the view has at
+        # an offset of its own: the node's name can be that view.
+        return _ViewOfWinner(data)
     # Otherwise a pointwise copy into the node's layout.  When the winner ends
     # in a pointwise op (not yet realized), the copy *is* that op, and it fuses
     # with the epilogue like any pointwise node.
-    buffer = ir.ComputedBuffer(
-        name=None,
-        layout=layout,
-        data=ir.Pointwise(
-            device=layout.device,
-            dtype=layout.dtype,
-            inner_fn=result.make_loader(),
-            ranges=list(layout.size),
-        ),
+    copy = ir.Pointwise(
+        device=layout.device,
+        dtype=layout.dtype,
+        inner_fn=result.make_loader(),
+        ranges=list(layout.size),
     )
+    buffer = ir.ComputedBuffer(name=None, layout=layout, data=copy)
     buffer.name = V.graph.register_buffer(buffer)
     V.graph.register_operation(buffer)
     return buffer
+
+
+class _ViewOfWinner(ir.ExternKernel):
+    """The node's buffer made a view of a buffer that its winner made.
+
+    V1 hands such a view (a reshape, a slice) to the op's users, which read
+    through it with no kernel; here the users read the node's buffer, which
+    is that view (``reinterpret_tensor``) where a copy would be a kernel.
+    Its ``NonOwningLayout`` keeps the winner's buffer alive as long as the
+    view is used and tells kernels whether the view is aligned.
+    """
+
+    def __init__(self, view: ir.ReinterpretView) -> None:
+        super().__init__(None, ir.NonOwningLayout(view), [view.unwrap_view()])
+        self.view = view
+        self.name = V.graph.register_buffer(self)
+        V.graph.register_operation(self)
+
+    def codegen(self, wrapper: PythonWrapperCodegen) -> None:
+        # A line of its own, not an allocation: the wrapper drops allocations
+        # that end its code, and this view may be the program's output.
+        wrapper.codegen_deferred_allocation(self.get_name(), self.view)
 
 
 def _key(layout: ir.Layout) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any, TYPE_CHECKING
 
 from torch._inductor import config, config_comms
+from torch._inductor.codecache import CacheBase
 from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.runtime.collective_benchmarking.types import (
     CollectiveBenchmarkConfig,
@@ -37,14 +38,15 @@ __all__ = [
 # CollectiveBenchmarkConfig field -> the knob it is read from.  A knob's
 # type is its field's (a number of seconds for a timedelta), and its
 # environment variable, which the messages name, is TORCHINDUCTOR_ and its
-# name in capitals, less upstream's own "inductor_" prefix.  The switches
+# name in capitals.  The switches
 # are ``Config`` entries, whose ``env_name_default`` reads "1" and "0" as
 # bools and any other text as a string, reported by _read; the numeric knobs
 # are plain module values (``Config`` reads no numbers).
 _FIELDS = {
     "timeout": "collective_benchmark_timeout",
-    "nwarmup": "inductor_default_autotune_warmup",
+    "nwarmup": "collective_benchmark_nwarmup",
     "nruns": "collective_benchmark_nruns",
+    "race_every": "collective_benchmark_race_every",
     "retries": "collective_benchmark_retries",
     "tie_tolerance": "collective_benchmark_tie_tolerance",
     "screen": "collective_benchmark_screen_results",
@@ -56,7 +58,7 @@ _FIELDS = {
 
 
 def _knob(name: str) -> str:
-    variable = "TORCHINDUCTOR_" + name.upper().removeprefix("INDUCTOR_")
+    variable = "TORCHINDUCTOR_" + name.upper()
     return f"torch._inductor.config.{name} (environment variable {variable})"
 
 
@@ -81,8 +83,8 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
     always waited for at least that long.  Raises ``ValueError`` naming the
     knob and its environment variable when a value has the wrong type or is
     out of range.
-    Agreed decisions are stored in ``collective_decisions/`` of Inductor's
-    cache directory while ``autotune_local_cache`` is set.
+    Agreed decisions are stored in ``collective_decisions/<system hash>/`` of
+    Inductor's cache directory while ``autotune_local_cache`` is set.
     """
     kinds = {
         f.name: type(f.default) for f in dataclasses.fields(CollectiveBenchmarkConfig)
@@ -90,9 +92,13 @@ def benchmark_config() -> CollectiveBenchmarkConfig:
     read = {field: _read(knob, kinds[field]) for field, knob in _FIELDS.items()}
     read["max_wait"] = max(read["max_wait"], read["timeout"])
     # Agreed decisions are autotuning results: stored with them, under the
-    # same switch.
+    # same switch, and per system as upstream's (get_local_cache_path), so
+    # that a decision timed on one kind of machine (device, CUDA or HIP,
+    # Triton) is never adopted on another that shares the cache directory.
     read["decision_dir"] = (
-        os.path.join(cache_dir(), "collective_decisions")
+        os.path.join(
+            cache_dir(), "collective_decisions", CacheBase.get_system()["hash"]
+        )
         if config.autotune_local_cache
         else None
     )

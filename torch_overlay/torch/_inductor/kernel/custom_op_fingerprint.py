@@ -11,11 +11,14 @@ configs.
 It describes a program by the topology of the groups its candidates can
 reach (:func:`autotuning_process_groups`).
 What the digest sees and what it does not: ``docs/modules.md``,
-"custom_op_fingerprint.py".
+"custom_op_fingerprint.py".  A registration that holds a value that a
+digest could not tell from others like it has none: programs that call its
+op bypass the FX graph cache.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import inspect
@@ -27,6 +30,7 @@ import types
 from typing import Any, TYPE_CHECKING
 
 import torch
+from torch._inductor.codecache import BypassFxGraphCache
 from torch._inductor.custom_graph_pass import get_hash_for_files
 from torch._inductor.runtime.collective_benchmarking.groups import (
     process_group_topology,
@@ -48,7 +52,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The registration of each op, as its digest: what register_custom_op_autotuning recorded last.
+# The registration of each op, as its digest: what register_custom_op_autotuning
+# recorded last (empty: it has none, see registration_fingerprint).
 _registrations: dict[torch._ops.OpOverload, str] = {}
 
 # Per registration in _registrations whose implementations may issue
@@ -73,7 +78,7 @@ _TENSOR_CONTENT_LIMIT = 4096
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 _TORCH_VALUES = (torch.dtype, torch.device, torch.layout, torch.memory_format)
 # Values that a module may hold as configuration, never as state.
-_CONSTANTS = (*_SCALARS, *_TORCH_VALUES, tuple, frozenset, types.ModuleType)
+_CONSTANTS = (*_SCALARS, *_TORCH_VALUES, enum.Enum, tuple, frozenset, types.ModuleType)
 
 # torch's own sources are part of every cache key already (codecache.torch_key).
 _TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")
@@ -82,16 +87,26 @@ _TORCH_DIR = os.path.join(os.path.dirname(torch.__file__), "")
 class _Walk:
     """What describing a callable or a registration has met so far.
 
-    A function, callable object, module, list or dict is described in full
-    where the walk first meets it, and by name after: the description is
-    linear in the code and values reached, cycles end, and, the walk's order
-    being fixed, it is the same in every process.
+    A function, module, list or dict (an object's attributes too) is
+    described in full where the walk first meets it, and by name after: the
+    description is linear in the code and values reached, cycles end, and,
+    the walk's order being fixed, it is the same in every process.
     """
 
     def __init__(self) -> None:
         self.seen: set[int] = set()  # alive while the walk runs
         self.files: dict[str, None] = {}  # source files outside torch, in order met
         self.sourceless: list[str] = []  # functions without a readable source file
+        self.in_module_state = False  # within what a module's names reach, see _named
+        # The registration argument being described, and the values met that
+        # the description cannot tell from others like them, where they are.
+        self.where = ""
+        self.unkeyed: list[str] = []
+
+    def unkeyed_value(self, what: str) -> None:
+        """Note ``what``, a value met that the description cannot tell from others."""
+        if not self.in_module_state:
+            self.unkeyed.append(f"{self.where} ({what})")
 
     def source(self, path: str | None) -> bool:
         """Record the source file ``path``; False when there is no file to read."""
@@ -127,6 +142,8 @@ def _value(value: Any, walk: _Walk) -> Any:
         return value
     if isinstance(value, _TORCH_VALUES):
         return str(value)
+    if isinstance(value, enum.Enum):
+        return ("enum", _value(type(value), walk), value.name)
     if isinstance(value, (list, dict)) and not walk.first(value):
         return ("met", type(value).__name__)
     if isinstance(value, (list, tuple)):
@@ -148,6 +165,7 @@ def _value(value: Any, walk: _Walk) -> Any:
             # Bytes, not .numpy(): numpy has no bfloat16 or float8.
             content = hashlib.sha256(flat.view(torch.uint8).numpy().tobytes())
             return ("tensor", metadata, content.digest())
+        walk.unkeyed_value(f"a tensor of {value.numel()} elements, {value.device}")
         return ("tensor", metadata)
     if isinstance(value, types.ModuleType):
         walk.source(_module_file(value))
@@ -157,8 +175,21 @@ def _value(value: Any, walk: _Walk) -> Any:
         return ("type", f"{value.__module__}.{value.__qualname__}")
     if callable(value):
         return _callable(value, walk)
-    walk.source(_module_file(sys.modules.get(type(value).__module__)))
-    return ("object", f"{type(value).__module__}.{type(value).__qualname__}")
+    if walk.in_module_state:
+        return ("object", _value(type(value), walk))
+    return _object(value, walk)
+
+
+def _object(value: object, walk: _Walk) -> Any:
+    # What an object does is its class's code (its source file) run on its
+    # attributes.  These are all of its state when its class is a plain Python
+    # one: no __slots__, no __new__ of its own or of a base written in C.
+    cls = type(value)
+    attributes = getattr(value, "__dict__", None)
+    slots = any("__slots__" in vars(base) for base in cls.__mro__)
+    if attributes is None or slots or cls.__new__ is not object.__new__:
+        walk.unkeyed_value(f"a {cls.__module__}.{cls.__qualname__} object")
+    return ("object", _value(cls, walk), _value(attributes, walk))
 
 
 def _code(code: types.CodeType, walk: _Walk) -> Any:
@@ -188,8 +219,12 @@ def _named(namespace: dict[str, Any], names: list[str], walk: _Walk) -> Any:
     # (described the same way, their own modules walked in turn), modules,
     # and constants (one computed from the environment at import time).
     # Other values (lists, dicts, tensors, objects) are as often state that
-    # changes at run time as configuration: by their type only.
+    # changes at run time (a logger, a lock, a cache) as configuration: by
+    # their type only, and so is an object anywhere these names reach.  None
+    # of it leaves a registration without a digest, or nearly none would have
+    # one; configuration written in a module is in its source file.
     # In a module the code names, the same names again (helpers.combine).
+    outer, walk.in_module_state = walk.in_module_state, True
     described = []
     for name in names:
         if name not in namespace:
@@ -205,6 +240,7 @@ def _named(namespace: dict[str, Any], names: list[str], walk: _Walk) -> Any:
             and walk.first(value)
         ):
             described.append((name, _named(vars(value), names, walk)))
+    walk.in_module_state = outer
     return tuple(described)
 
 
@@ -230,39 +266,32 @@ def _callable(fn: Any, walk: _Walk) -> Any:
     if isinstance(fn, functools.partial):
         return (
             "partial",
-            _callable(fn.func, walk),
+            _value(fn.func, walk),
             _value(fn.args, walk),
             _value(fn.keywords, walk),
         )
     if isinstance(fn, types.MethodType):
-        return ("method", _callable(fn.__func__, walk), _value(fn.__self__, walk))
+        return ("method", _value(fn.__func__, walk), _value(fn.__self__, walk))
     if isinstance(fn, torch._ops.OpOverload):
         return ("op", fn.name())
     if isinstance(fn, torch._ops.OpOverloadPacket):
         return ("op", fn._qualified_op_name)
-    if not isinstance(fn, types.FunctionType) and inspect.isroutine(fn):
+    if isinstance(fn, types.FunctionType):
+        return _function(fn, walk) if walk.first(fn) else ("met", fn.__qualname__)
+    if inspect.isroutine(fn):
         return (
             "builtin",
             getattr(fn, "__module__", None),
             getattr(fn, "__qualname__", repr(type(fn))),
         )
-    if not walk.first(fn):
-        return ("met", getattr(fn, "__qualname__", type(fn).__qualname__))
-    if isinstance(fn, types.FunctionType):
-        return _function(fn, walk)
-    # A callable object: its class's __call__ and its attributes.
-    return (
-        "object",
-        _value(type(fn), walk),
-        _callable(type(fn).__call__, walk),
-        _value(getattr(fn, "__dict__", None), walk),
-    )
+    # A callable object: its class's __call__, on the object.
+    return ("callable", _callable(type(fn).__call__, walk), _object(fn, walk))
 
 
 def callable_fingerprint(fn: Callable[..., Any]) -> str:
     """A digest of what ``fn`` runs (see ``docs/modules.md``); equal across processes."""
     walk = _Walk()
-    return walk.digest(_callable(fn, walk))
+    return walk.digest(_value(fn, walk))
 
 
 def registration_fingerprint(
@@ -275,22 +304,44 @@ def registration_fingerprint(
 ) -> str:
     """A digest of one ``register_custom_op_autotuning`` call (its arguments as named there).
 
-    Logs a warning naming the functions it reaches that have no readable
-    source file (defined by ``exec``, in a REPL): what only a file would
-    show is not covered for them.
+    Empty when the call holds a value that a digest could not tell from
+    others like it (see ``docs/modules.md``): programs that call the op then
+    bypass the FX graph cache (:func:`registered_autotuning_fingerprint`),
+    and a warning names each such value and where it is.  Logs a warning
+    naming the functions it reaches that have no readable source file
+    (defined by ``exec``, in a REPL): what only a file would show is not
+    covered for them.
     """
     walk = _Walk()
-    if configs is not None:
-        configs = [(c.decomposition, c.params, c.config_patches) for c in configs]
-    arguments = (configs, config_generator, default_impl, options)
-    description = (op_overload.name(), _value(arguments, walk))
+    # Each argument under the name that a warning gives it.
+    arguments: dict[str, Any] = {}
+    for i, config in enumerate(configs or ()):
+        arguments[f"config {i}'s implementation"] = config.decomposition
+        for name, value in config.params.items():
+            arguments[f"config {i}'s parameter {name!r}"] = value
+        arguments[f"config {i}'s config_patches"] = config.config_patches
+    arguments |= dict(config_generator=config_generator, default_impl=default_impl)
+    arguments |= options
+    described = []
+    for where, value in arguments.items():
+        walk.where = where
+        described.append((where, _value(value, walk)))
+    description = (op_overload.name(), tuple(described))
+    if walk.unkeyed:
+        log.warning(
+            "Custom op autotuning of %s: programs that call it are not cached, "
+            "as Inductor's cache key cannot describe the content of %s. See "
+            "docs/modules.md, custom_op_fingerprint.py.",
+            op_overload.name(),
+            "; ".join(walk.unkeyed),
+        )
+        return ""
     if walk.sourceless:
         log.warning(
             "Custom op autotuning of %s: no source file for %s. Inductor's caches "
-            "key on their code and on the values and functions it names, not on "
-            "what they reach otherwise (an object's attributes, state changed at "
-            "run time): define them in a file, or clear the cache after such a "
-            "change. See docs/modules.md, custom_op_fingerprint.py.",
+            "key on their code, not on what only a file would show: define them "
+            "in a file, or clear the cache after such a change. See "
+            "docs/modules.md, custom_op_fingerprint.py.",
             op_overload.name(),
             ", ".join(walk.sourceless),
         )
@@ -323,9 +374,18 @@ def registered_autotuning_fingerprint(
     """``(op, registration digest)`` of every op of ``gm`` (and its subgraphs) registered for autotuning.
 
     Empty when the graph calls no such op: a cache key that includes it
-    changes only for the programs that the registrations reach.
+    changes only for the programs that the registrations reach.  Raises
+    ``BypassFxGraphCache`` when one of the registrations has no digest (see
+    :func:`registration_fingerprint`), as the cache does for a custom pass
+    without a ``uuid``: the graph is compiled every time.
     """
     found = {op.name(): _registrations[op] for op, _ in _registered_calls(gm)}
+    for name, fingerprint in found.items():
+        if not fingerprint:
+            raise BypassFxGraphCache(
+                f"the autotuning registration of {name} holds a value the key cannot "
+                "describe by its content (named in a warning at registration)"
+            )
     return tuple(sorted(found.items()))
 
 
@@ -360,10 +420,11 @@ def autotuning_process_groups(
 
     Which group an implementation's collectives run on is only known once it
     is traced, during lowering, after the cache key was computed.  Before
-    tracing, the groups it can reach by name are these.  A group that an
-    implementation reaches otherwise (a ``ProcessGroup`` object it captured)
-    is not covered.  The caller's rank is not part of it: one program serves
-    every rank of a job.
+    tracing, the groups it can reach by name are these.  A registration
+    that holds a ``ProcessGroup`` object has no digest, and its programs are
+    not cached; a group that an implementation reaches otherwise (in its
+    module's state) is not covered.  The caller's rank is not part of it: one
+    program serves every rank of a job.
     """
     calls = list(_registered_calls(gm))
     if not calls:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -27,11 +27,7 @@ from .decisions import CandidateStatus
 from .failures import agree_after_compiling
 from .groups import process_group_topology, resolve_group
 from .join import join, Joined
-from .reporting import (
-    DecisionSource,
-    report_decision,
-    warn_untuned,
-)
+from .reporting import DecisionSource, report_decision
 from .rules import agreed_decision
 from .session import SessionRun
 from .timing import timed, timer_name
@@ -44,7 +40,7 @@ from .types import (
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from .decisions import CandidateResult, CollectiveDecision
 
@@ -140,7 +136,9 @@ class CollectiveBenchmarker:
             # (nor compared code: the program counts as this rank's own).
             decision_cache.record(self, ops, replayed, same_code=False)
             for op, agreed in zip(ops, replayed, strict=True):
-                report_decision(self, op, agreed, DecisionSource.REPLAYED, decision_log)
+                report_decision(
+                    self, op, agreed, DecisionSource.REPLAYED, decision_log, log
+                )
             return replayed
         with timed(
             "session",
@@ -185,14 +183,11 @@ class CollectiveBenchmarker:
                 source = DecisionSource.BENCHMARKED
             else:
                 decision = decision_cache.adopt(joined.adopted[i], op)
-                source = _adopted_source(joined.adopted[i], remembered[i], known)
+                source = _source_of(joined.adopted[i], remembered[i], known)
             # Kept even when the default had no result, so that a recompile
             # in this process neither reruns the session nor warns again.
             decision_cache.remember(self, op, decision)
-            notes = report_decision(self, op, decision, source, decision_log)
-            message = warn_untuned(
-                self, op, decision, notes, ordered[i][0].is_default, source, log
-            )
+            message = report_decision(self, op, decision, source, decision_log, log)
             if message is not None:
                 untuned.append(message)
             decisions.append(decision)
@@ -235,9 +230,20 @@ class CollectiveBenchmarker:
             for index, candidate in enumerate(candidates)
             if candidate.prepare is not None and (position, index) not in run.excluded
         ]
+        # Keyed by position, as agree_after_compiling reads them.
+        prepare_errors: dict[tuple[int, int], BaseException] = {}
         prepared = time.perf_counter()
         with timed("compile", "prepare", **run.metadata):
-            prepare_errors = _prepare(to_prepare)
+            for position, name, prepare in to_prepare:
+                try:
+                    prepare()
+                except Exception as error:
+                    log.warning(
+                        "collective autotuning: preparing %s failed",
+                        name,
+                        exc_info=True,
+                    )
+                    prepare_errors[position] = error
         compile_s = time.perf_counter() - prepared
         if to_prepare:
             # Members compile for different times: the first warmup's
@@ -270,30 +276,9 @@ class CollectiveBenchmarker:
             config.confidence,
             config.allow_gloo_overlap,
         )
-        group = (
-            *process_group_topology(self.group),
-            dist.get_backend(self.group),
-            self.device.type,
-        )
+        topology = process_group_topology(self.group)
+        group = (*topology, dist.get_backend(self.group), self.device.type)
         return repr(group), repr(settings)
-
-
-def _prepare(
-    to_prepare: Sequence[tuple[tuple[int, int], str, Callable[[], Any]]],
-) -> dict[tuple[int, int], BaseException]:
-    # Run the given preparations, keyed by their candidate's (op, candidate)
-    # position in the session.  Returns the positions that failed, with
-    # their errors (agree_after_compiling disqualifies them).
-    failed: dict[tuple[int, int], BaseException] = {}
-    for position, name, prepare in to_prepare:
-        try:
-            prepare()
-        except Exception as error:
-            log.warning(
-                "collective autotuning: preparing %s failed", name, exc_info=True
-            )
-            failed[position] = error
-    return failed
 
 
 def _twin(first: Candidate) -> Candidate | None:
@@ -304,17 +289,16 @@ def _twin(first: Candidate) -> Candidate | None:
     return Candidate(f"{first.name} (again)", first.fn, signature=first.signature)
 
 
-def _adopted_source(
+def _source_of(
     adopted: CollectiveDecision,
     remembered: CollectiveDecision | None,
     known: Sequence[CollectiveDecision] | None,
 ) -> DecisionSource:
-    """Where a decision the join handed back came from, on this member."""
-    # The join hands back this member's own decision object when it was the
-    # one the group adopted.
+    # The join hands back this member's own decision object where the group
+    # adopted it; ``known`` are a cached program's.
     if adopted is not remembered:
         return DecisionSource.ADOPTED
-    return DecisionSource.CACHE_HIT if known is not None else DecisionSource.REMEMBERED
+    return DecisionSource.REMEMBERED if known is None else DecisionSource.CACHE_HIT
 
 
 def _count_decisions(

@@ -283,20 +283,21 @@ class BenchmarkChannel:
         with registered_as(self.group.group_name, channel):
             yield channel
 
-    def collectives_issued(self) -> int | None:
+    def collectives_issued(self) -> int:
         """How many collectives this rank issued on the channel's candidate backend.
 
-        ``None`` when there is no channel, or its backend does not count.
+        0 where there is no channel, or its backend does not count them: the
+        same on every member at the same step of a session.
         """
         channel = self._state.channel
-        if channel is None or self.backend is None:
-            return None
+        if channel is None:
+            return 0
         try:
             backend = channel._get_backend(self.device)
             # Missing from c10d's stubs; gloo and NCCL count every collective.
             return backend._get_sequence_number_for_group()  # type: ignore[attr-defined]
         except RuntimeError:
-            return None
+            return 0  # the device has no backend, or one that does not count
 
     # The protocol's own collectives, on the channel's CPU side -----------------
     def gather_ints(self, values: list[int], wait: timedelta) -> list[list[int]]:
@@ -318,21 +319,28 @@ class BenchmarkChannel:
             for row, (size,) in zip(rows, sizes, strict=True)
         ]
 
+    def broadcast_object(self, value: Any, root: int, wait: timedelta) -> Any:
+        """Member ``root``'s ``value`` (JSON-serializable), on every member, within ``wait``.
+
+        Every member of the group calls it with the same ``root`` (a rank of
+        the group); ``value`` is read on ``root`` only.  Each member moves
+        that one payload, where :meth:`gather_objects` moves every member's,
+        padded to the largest.  Raises :class:`CollectiveBenchmarkTimeout`
+        when a broadcast does not complete within ``wait``, or the backend's
+        error when it fails: run it in :meth:`everyone`.
+        """
+        sent = json.dumps(value).encode() if self.group.rank() == root else b""
+        size = torch.tensor([len(sent)], dtype=torch.int64)
+        self._broadcast(size, root, wait)
+        payload = torch.zeros(int(size.item()), dtype=torch.uint8)
+        payload[: len(sent)] = torch.tensor(list(sent), dtype=torch.uint8)
+        self._broadcast(payload, root, wait)
+        return json.loads(bytes(payload.tolist()).decode())
+
     def all_gather(self, values: list[float]) -> list[list[float]]:
         """Every member's ``values`` (equal lengths), in rank order, within the timeout."""
         tensor = torch.tensor(values, dtype=torch.float64)
         return [row.tolist() for row in self._all_gather(tensor, self.timeout)]
-
-    def all_reduce_max(self, value: float) -> float:
-        """The maximum of every member's ``value``, within the timeout."""
-        counters["collective_autotuning"]["sync_collectives"] += 1
-        tensor = torch.tensor([value], dtype=torch.float64)
-        options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.MAX
-        options.timeout = self.timeout
-        self._complete(self.get().allreduce, self.timeout, [tensor], options)
-        _count_bytes(2 * tensor.nbytes)
-        return float(tensor.item())
 
     def _all_gather(self, tensor: torch.Tensor, wait: timedelta) -> list[torch.Tensor]:
         counters["collective_autotuning"]["sync_collectives"] += 1
@@ -342,6 +350,14 @@ class BenchmarkChannel:
         self._complete(self.get().allgather, wait, [gathered], [tensor], options)
         _count_bytes(tensor.nbytes * (1 + len(gathered)))
         return gathered
+
+    def _broadcast(self, tensor: torch.Tensor, root: int, wait: timedelta) -> None:
+        counters["collective_autotuning"]["sync_collectives"] += 1
+        options = dist.BroadcastOptions()
+        options.rootRank = root
+        options.timeout = wait
+        self._complete(self.get().broadcast, wait, [tensor], options)
+        _count_bytes(tensor.nbytes)
 
     @staticmethod
     def _complete(issue: Callable[..., dist.Work], wait: timedelta, *args: Any) -> None:

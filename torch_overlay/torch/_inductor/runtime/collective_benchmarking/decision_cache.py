@@ -107,20 +107,19 @@ def recall(member: Member, op: OpToTune) -> CollectiveDecision | None:
     key = _memo_key(member, op)
     if key is None:
         return None
-    if key not in _remembered:
-        path = _decision_file(member, key)
-        if path is not None and path.is_file():
-            try:
-                stored = decision_from_json(path.read_text())
-                if len(stored.results) != len(op.candidates):
-                    raise ValueError("not a decision among this op's candidates")
-                _remembered[key] = stored
-            except (OSError, ValueError, KeyError, TypeError):
-                log.warning(
-                    "collective autotuning: ignoring an unreadable stored decision %s",
-                    path,
-                    exc_info=True,
-                )
+    path = _decision_file(member, key)
+    if key not in _remembered and path is not None and path.is_file():
+        try:
+            stored = decision_from_json(path.read_text())
+            if len(stored.results) != len(op.candidates):
+                raise ValueError("not a decision among this op's candidates")
+            _remembered[key] = stored
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning(
+                "collective autotuning: ignoring an unreadable stored decision %s",
+                path,
+                exc_info=True,
+            )
     return _remembered.get(key)
 
 
@@ -170,35 +169,22 @@ def decision_digest(decision: CollectiveDecision) -> str:
     """
     names = [result.name for result in decision.results]
     winner = names.index(decision.winner) if decision.winner is not None else None
-    return digest(
-        repr(
-            (
-                winner,
-                [(result.status.name, result.time_ms) for result in decision.results],
-            )
-        )
-    )
+    outcomes = [(result.status.name, result.time_ms) for result in decision.results]
+    return digest(repr((winner, outcomes)))
 
 
 def adopt(remembered: CollectiveDecision, op: OpToTune) -> CollectiveDecision:
     """``remembered`` under the names of ``op``'s candidates (the same candidates,
     named by another compile), in preference order (the default first)."""
-    names = [
-        candidate.name
-        for candidate in sorted(
-            op.candidates, key=lambda candidate: not candidate.is_default
-        )
-    ]
+    ordered = sorted(op.candidates, key=lambda candidate: not candidate.is_default)
     renamed = {
-        result.name: name
-        for result, name in zip(remembered.results, names, strict=True)
+        result.name: candidate.name
+        for result, candidate in zip(remembered.results, ordered, strict=True)
     }
+    results = [dataclasses.replace(r, name=renamed[r.name]) for r in remembered.results]
     return dataclasses.replace(
         remembered,
-        results=tuple(
-            dataclasses.replace(result, name=renamed[result.name])
-            for result in remembered.results
-        ),
+        results=tuple(results),
         winner=None if remembered.winner is None else renamed[remembered.winner],
         reason=f"{remembered.reason}; remembered from an earlier session, adopted by every rank",
     )
@@ -268,9 +254,9 @@ def record(
         )
         for op in ops
     )
-    inlines_a_decomposition = any(
-        decision.winner is not None
-        and decision.winner not in {c.name for c in op.candidates if c.is_default}
+    # A winner other than its op's default inlines the candidates' traced code.
+    rank_dependent = not same_code and any(
+        decision.winner not in (None, *(c.name for c in op.candidates if c.is_default))
         for op, decision in zip(ops, decisions, strict=True)
     )
     sessions.append(
@@ -280,6 +266,6 @@ def record(
             described,
             tuple(decisions),
             process_group_topology(member.group),
-            None if same_code or not inlines_a_decomposition else dist.get_rank(),
+            dist.get_rank() if rank_dependent else None,
         )
     )

@@ -13,6 +13,7 @@ import enum
 import json
 import math
 import statistics
+from typing import NamedTuple
 
 __all__ = [
     "CandidateResult",
@@ -54,40 +55,32 @@ class CandidateStatus(enum.IntEnum):
         return self.name.lower().replace("_", " ")
 
 
-@dataclasses.dataclass(frozen=True)
-class RankReport:
-    """What one rank reported for one candidate: its status and its timed runs in ms (none when not timed)."""
+class RankReport(NamedTuple):
+    """What one rank reported for one candidate: its status, and the median of its timed runs in ms (inf when it timed none)."""
 
     status: CandidateStatus
-    samples: tuple[float, ...] = ()
-
-    @property
-    def median_ms(self) -> float:
-        return statistics.median(self.samples) if self.samples else math.nan
+    median_ms: float = math.inf
 
 
 @dataclasses.dataclass(frozen=True)
 class CandidateResult:
-    """The agreed outcome of one candidate: identical on every rank."""
+    """The agreed outcome of one candidate: identical on every rank.
+
+    ``runs_ms`` holds each timed run's time: the slowest rank's in that run
+    (a collective ends when its last rank does).  Not every rank's runs: a
+    decision, which is stored and handed between ranks, grows with the
+    group's size by a report per rank only.
+    """
 
     name: str
     reports: tuple[RankReport, ...]
+    runs_ms: tuple[float, ...] = ()
     attempts: int = 1
     stage: str = ""  # where the worst status arose, for the log
 
     @property
     def status(self) -> CandidateStatus:
         return max(report.status for report in self.reports)
-
-    @property
-    def runs_ms(self) -> list[float]:
-        """Each timed run's time: the slowest rank's in that run (a collective ends when its last rank does)."""
-        # A rank where the candidate failed may hold fewer runs (or none): only
-        # the runs that every rank timed are combined.
-        return [
-            max(run)
-            for run in zip(*(report.samples for report in self.reports), strict=False)
-        ]
 
     @property
     def time_ms(self) -> float:
@@ -154,11 +147,10 @@ def decision_from_json(text: str) -> CollectiveDecision:
             **{
                 **result,
                 "reports": tuple(
-                    RankReport(
-                        CandidateStatus(report["status"]), tuple(report["samples"])
-                    )
-                    for report in result["reports"]
+                    RankReport(CandidateStatus(status), median_ms)
+                    for status, median_ms in result["reports"]
                 ),
+                "runs_ms": tuple(result["runs_ms"]),
             }
         )
         for result in raw.pop("results")

@@ -4,8 +4,8 @@ A session is a schedule of steps (:class:`Step`), the same on every
 member.  A member whose step fails drops the channel (so that its peers'
 pending collectives fail too), and every member meets on a new channel,
 gathers every member's :class:`FailureReport` there, and applies the same
-rule to them (:class:`FailureAgreements`), so that they all resume from the
-same step.  :func:`classify` says what a step's error was, and
+rule to them (:class:`FailureAgreements`), so that they all start again
+at the same op.  :func:`classify` says what a step's error was, and
 :func:`agree_after_compiling` what failed to compile (``docs/modules.md``, "session.py").
 """
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
+import math
+import statistics
 from collections import Counter
 from typing import Any, NamedTuple, TYPE_CHECKING
 
@@ -41,7 +43,6 @@ __all__ = [
     "FailureReport",
     "first_desynchronized",
     "FailureAgreements",
-    "Resume",
     "Step",
     "StepFailed",
 ]
@@ -50,8 +51,9 @@ __all__ = [
 class FailureReport(NamedTuple):
     """A member's post to a failure agreement: the step it failed at, its
     status there, where (the stage and the error), and how many collectives
-    it issued on the channel in each step of the schedule before it
-    (empty where the backend does not count them)."""
+    it had issued on the channel at the start of each step it reached, in
+    schedule order (the same constant where the backend does not count them;
+    the start of a step whose channel could not be set up is missing)."""
 
     step: int  # a round, or a later step of the session (exchange, commit)
     status: CandidateStatus
@@ -105,10 +107,10 @@ def first_desynchronized(
     :func:`earliest_failure`.
     """
     completed = min(post.step for post in posts)
-    if any(len(post.issued) < completed for post in posts):
+    if any(len(post.issued) <= completed for post in posts):
         return None
     for step in range(completed):
-        counts = [post.issued[step] for post in posts]
+        counts = [post.issued[step + 1] - post.issued[step] for post in posts]
         if len(set(counts)) > 1:
             usual = Counter(counts).most_common(1)[0][0]
             return step, tuple(
@@ -173,16 +175,8 @@ class Step:
     op: int  # position among the session's benchmarked ops
     candidate: int  # index among the op's candidates, in preference order
     timed: bool  # False: the candidate's warmup; True: one of its timed runs
-    run: int = 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Resume:
-    """Where a session's schedule resumes after a failure agreement."""
-
-    op: int
-    # The first candidate to warm up again; None: the op's timed runs.
-    warmup_from: int | None
+    # The op's checkpoint: every member's runs so far, gathered (candidate -1).
+    checkpoint: bool = False
 
 
 def agree_after_compiling(
@@ -248,7 +242,7 @@ class FailureAgreements:
     Every member gathers every member's report of the step it failed at,
     and applies the same rules to them (``first_desynchronized``, then
     ``earliest_failure``), so that this state stays the same on every member:
-    it is what the session resumes from.
+    it is what the session starts again from.
     """
 
     def __init__(
@@ -271,44 +265,47 @@ class FailureAgreements:
         self.attempts: dict[tuple[int, int], int] = collections.defaultdict(lambda: 1)
         self.exchange_attempts = 1
 
-    def agree(self, schedule: list[Step], failure: FailureReport) -> Resume | None:
-        """Agree with every member on the step that failed; where the session resumes.
+    def agree(self, schedule: list[Step], failure: FailureReport) -> int | None:
+        """Agree with every member on the step that failed; the op to start again at.
 
         ``failure`` is this member's report.  The members meet on a new
-        channel within ``max_wait``.  Returns None when every member
-        exchanged (the commit failed: the session is over).  Raises
-        :class:`CollectiveBenchmarkError` when the exchange failed more than
-        ``retries + 1`` times, and, naming them, when some members do not
-        come within ``max_wait``.
+        channel within ``max_wait``.  The session starts again at the blamed
+        step's op, whose competing candidates all warm up and are timed
+        again (an op's timed runs must all see the same stretch of time,
+        and a checkpoint that failed blames none of them), or at the
+        exchange (``len(plans)``) when that failed.  Returns None when every
+        member exchanged (the commit failed: the session is over).  Raises
+        :class:`CollectiveBenchmarkError` when the exchange and the
+        checkpoints failed more than ``retries + 1`` times, and, naming them,
+        when some members do not come within ``max_wait``.
         """
         exchange, commit = len(schedule), len(schedule) + 1
         reports = self._gather_reports(failure)
         desynchronized = first_desynchronized(reports)
         if desynchronized is not None:
             step, ranks = desynchronized
-            blamed = schedule[step]
-            where = "timed runs" if blamed.timed else "warmup"
+            where = "timed runs" if schedule[step].timed else "warmup"
             self._disqualify(
-                blamed,
+                schedule[step],
                 ranks,
                 f"{where}: it issued more collectives on some ranks than on others",
             )
-            return Resume(
-                op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate
-            )
+            return schedule[step].op
         failed_step, ranks, stage = earliest_failure(reports)
         if failed_step >= commit:
             return None
-        if failed_step == exchange:
+        if failed_step == exchange or schedule[failed_step].checkpoint:
             if self.exchange_attempts > self.retries + 1:
                 raise CollectiveBenchmarkError(
-                    "collective autotuning: the exchange of group "
+                    "collective autotuning: the exchanges of group "
                     f"{self.channel.group.group_name!r} failed "
                     f"{self.exchange_attempts} times ({stage}); its channel "
                     "cannot carry a collective"
                 )
             self.exchange_attempts += 1
-            return Resume(op=len(self.plans), warmup_from=0)
+            return (
+                len(self.plans) if failed_step == exchange else schedule[failed_step].op
+            )
         blamed = schedule[failed_step]
         key = (blamed.op, blamed.candidate)
         status = max(report.status for report in ranks)
@@ -316,12 +313,7 @@ class FailureAgreements:
             self.attempts[key] += 1
         else:
             self._disqualify(blamed, ranks, stage)
-        # A failure in a warmup resumes at that candidate's warmup; one in
-        # the timed runs restarts the op's timed runs, which must all see
-        # the same stretch of time.
-        return Resume(
-            op=blamed.op, warmup_from=None if blamed.timed else blamed.candidate
-        )
+        return blamed.op
 
     def _gather_reports(self, failure: FailureReport) -> list[FailureReport]:
         # Every member's report, gathered on a new channel: the agreement.
@@ -344,8 +336,8 @@ class FailureAgreements:
         self.failed[key] = CandidateResult(
             self.plans[blamed.op][1][blamed.candidate].name,
             ranks,
-            self.attempts[key],
-            stage,
+            attempts=self.attempts[key],
+            stage=stage,
         )
         self.competing[blamed.op][blamed.candidate] = False
 
@@ -366,22 +358,28 @@ def agreed_results(
         )
     )
 
-    def rank_reports(op: int, index: int) -> tuple[RankReport, ...]:
+    def result(op: int, index: int, name: str) -> CandidateResult:
         start = offsets[op] + index * width
-        return tuple(
-            RankReport(
-                CandidateStatus(int(row[start])),
-                tuple(row[start + 1 : start + width]),
-            )
-            for row in gathered
+        rows = [row[start : start + width] for row in gathered]
+        # A member sends NaN for each run it did not time; a run's time is
+        # the slowest member's, of the runs that every member timed.
+        timed = [[ms for ms in row[1:] if not math.isnan(ms)] for row in rows]
+        return CandidateResult(
+            name,
+            tuple(
+                RankReport(
+                    CandidateStatus(int(row[0])),
+                    statistics.median(runs) if runs else math.inf,
+                )
+                for row, runs in zip(rows, timed, strict=True)
+            ),
+            tuple(max(run) for run in zip(*timed, strict=False)),
+            attempts.get((op, index), 1),
         )
 
     return [
         [
-            failed.get((op, index))
-            or CandidateResult(
-                candidate.name, rank_reports(op, index), attempts[(op, index)]
-            )
+            failed.get((op, index)) or result(op, index, candidate.name)
             for index, candidate in enumerate(candidates)
         ]
         for op, (_, candidates) in enumerate(plans)

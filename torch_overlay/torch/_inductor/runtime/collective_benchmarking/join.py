@@ -11,9 +11,11 @@ What it agrees on: ``docs/modules.md``, "join.py".
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import re
 from collections import Counter
+from itertools import zip_longest
 from typing import Any, TYPE_CHECKING
 
 from torch._dynamo.utils import counters
@@ -136,11 +138,9 @@ def join(
         if len({digests[2] for digests in rows}) == 1
         else _adopt(member, channel, remembered, held)
     )
-    joined = Joined(
-        [i for i in range(len(ops)) if i not in adopted],
-        adopted=adopted,
-        same_code=len({digests[1] for digests in rows}) == 1,
-    )
+    to_run = [i for i in range(len(ops)) if i not in adopted]
+    same_code = len({digests[1] for digests in rows}) == 1
+    joined = Joined(to_run, adopted=adopted, same_code=same_code)
     for position, i in enumerate(joined.to_run):
         for index in range(len(ordered[i])):
             if (i, index) in excluded:
@@ -156,39 +156,33 @@ def _adopt(
 ) -> dict[int, CollectiveDecision]:
     # The members remember different decisions: per op, the lowest-ranked
     # member that holds one gives it to the members that hold another or
-    # none.  The members hold the same ops here (the join checked it).
+    # none.  Each such member broadcasts the decisions it gives: a gather
+    # would bring every member's payload to every member.  The members hold
+    # the same ops here (the join checked it).
     timeout = member.config.timeout
-    everyone_held = channel.everyone(
-        JOIN, lambda: channel.gather_ints(held, timeout), timeout
-    )
-    holders = {}
-    for i in range(len(held)):
-        holder = next((rank for rank, row in enumerate(everyone_held) if row[i]), None)
-        if holder is not None:
-            holders[i] = holder
-    needed = [
-        i
+    rows = channel.everyone(JOIN, lambda: channel.gather_ints(held, timeout), timeout)
+    # Per op that any member holds: the lowest-ranked member that holds it.
+    holders = {
+        i: next(rank for rank, row in enumerate(rows) if row[i])
+        for i in range(len(held))
+        if any(row[i] for row in rows)
+    }
+    # Where this member holds the holder's decision, its own object: reports
+    # tell it from a peer's.
+    adopted = {
+        i: decision
         for i, holder in holders.items()
-        if any(row[i] != everyone_held[holder][i] for row in everyone_held)
-    ]
-    given: list[Any] = [{}] * member.size
-    if needed:
-        mine = {
-            str(i): decision_to_json(decision)
-            for i in needed
-            if holders[i] == member.rank and (decision := remembered[i]) is not None
-        }
-        given = channel.everyone(
-            JOIN, lambda: channel.gather_objects(mine, timeout), timeout
-        )
-    adopted: dict[int, CollectiveDecision] = {}
-    for i, holder in holders.items():
-        own = remembered[i]
-        if own is not None and held[i] == everyone_held[holder][i]:
-            # This member's own decision object: reports tell it from a peer's.
-            adopted[i] = own
-        else:
-            adopted[i] = decision_from_json(given[holder][str(i)])
+        if (decision := remembered[i]) is not None and held[i] == rows[holder][i]
+    }
+    needed = [i for i in holders if len({row[i] for row in rows}) > 1]
+    for holder in sorted({holders[i] for i in needed}):
+        gives = [i for i in needed if holders[i] == holder]
+        # What the holder gives is its own, adopted above; the others send nothing.
+        mine = [decision_to_json(adopted[i]) for i in gives if holder == member.rank]
+        sent = functools.partial(channel.broadcast_object, mine, holder, timeout)
+        for i, given in zip(gives, channel.everyone(JOIN, sent, timeout), strict=True):
+            if i not in adopted:
+                adopted[i] = decision_from_json(given)
     return adopted
 
 
@@ -216,19 +210,16 @@ def _reconcile(
     for i, candidates in enumerate(ordered):
         for index, candidate in enumerate(candidates):
             seen = [rank_detail[2][i][index] for rank_detail in details]
-            if len(set(seen)) == 1:
-                continue
             usual = Counter(seen).most_common(1)[0][0]
+            differ = [rank for rank, signature in enumerate(seen) if signature != usual]
+            if not differ:
+                continue
+            statuses = [CandidateStatus.OK] * len(seen)
+            for rank in differ:
+                statuses[rank] = CandidateStatus.DESYNCHRONIZED
             excluded[(i, index)] = CandidateResult(
                 candidate.name,
-                tuple(
-                    RankReport(
-                        CandidateStatus.DESYNCHRONIZED
-                        if signature != usual
-                        else CandidateStatus.OK
-                    )
-                    for signature in seen
-                ),
+                tuple(map(RankReport, statuses)),
                 stage="join: its collectives differ between ranks",
             )
             warn_from_group_rank0(
@@ -237,7 +228,7 @@ def _reconcile(
                 "collective autotuning: %s issues different collectives on "
                 "ranks %s of group %r; disqualified on every rank",
                 candidate.name,
-                [rank for rank, signature in enumerate(seen) if signature != usual],
+                differ,
                 member.group_name,
             )
     return excluded
@@ -247,19 +238,12 @@ def _raise_different_ops(
     member: Member, details: list[list[Any]], ops: Sequence[OpToTune]
 ) -> None:
     lists = [rank_detail[0] for rank_detail in details]
-    mine = lists[member.rank]
     # The first op index at which two members differ (one may have no op there).
-    position = next(
-        (
-            i
-            for i in range(max(map(len, lists)))
-            if len({tuple(ranks[i : i + 1]) for ranks in lists}) > 1
-        ),
-        None,
-    )
+    columns = enumerate(zip_longest(*lists))
+    position = next((i for i, column in columns if len(set(column)) > 1), None)
     if position is None:
         where = "every member holds the same ops; the benchmark settings differ"
-    elif position < len(mine):
+    elif position < len(ops):
         where = (
             f"they first differ at op {position}; on this rank it is "
             f"{ops[position].key!r}"

@@ -15,6 +15,7 @@ import statistics
 from typing import Any, NamedTuple, TYPE_CHECKING
 
 import torch
+from torch.testing._comparison import default_tolerances
 
 from .decisions import (
     CandidateResult,
@@ -44,26 +45,13 @@ __all__ = [
     "outputs_match",
     "PairedComparison",
     "pick_winner",
+    "racing",
     "relative_advantages",
-    "SCREENING_TOLERANCES",
+    "screening_tolerance",
     "sign_test_p_value",
     "tuned_nothing",
     "Verdict",
 ]
-
-
-# Screening tolerances (rtol, atol) per output dtype.  Candidates legitimately
-# reduce in a different order than the default (a ring all_reduce against
-# reduce_scatter + all_gather), so floating types allow a few ulps per rank on
-# top of torch.testing's defaults; integer and bool outputs must match exactly.
-SCREENING_TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
-    torch.float64: (1e-7, 1e-7),
-    torch.float32: (1e-5, 1e-5),
-    torch.float16: (1e-3, 1e-3),
-    torch.bfloat16: (1.6e-2, 1e-2),
-    torch.float8_e4m3fn: (1.25e-1, 1e-1),
-    torch.float8_e5m2: (2.5e-1, 1e-1),
-}
 
 
 # --- choosing -------------------------------------------------------------------
@@ -89,10 +77,11 @@ def sign_test_p_value(advantages: Sequence[float]) -> float:
     paired runs was faster, so a few outliers cannot move it.
     """
     signs = [a for a in advantages if a != 0]
-    wins = sum(a > 0 for a in signs)
-    n = len(signs)
-    if n == 0:
-        return 1.0
+    return _coin_flips_tail(len(signs), sum(a > 0 for a in signs))
+
+
+def _coin_flips_tail(n: int, wins: int) -> float:
+    # The chance of at least ``wins`` heads in ``n`` fair coin flips (1 when n is 0).
     return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n
 
 
@@ -103,11 +92,12 @@ def relative_advantages(
     fraction of the default's time (negative: slower).
 
     The two ran interleaved, so run ``i`` of each saw the same moment of the
-    machine: their difference in that run is free of drift.
+    machine: their difference in that run is free of drift.  Only the runs
+    that both had count: a candidate that :func:`racing` stopped has fewer.
     """
     return [
         (d - c) / d if d > 0 else 0.0
-        for d, c in zip(default.runs_ms, candidate.runs_ms, strict=True)
+        for d, c in zip(default.runs_ms, candidate.runs_ms, strict=False)
     ]
 
 
@@ -199,7 +189,8 @@ def decide(
     ``has_default``), the rule that chose it and the reason.
 
     The fastest qualified candidate wins, near-ties going to the earlier
-    (:func:`pick_winner`); a winner other than the default must also beat the
+    (:func:`pick_winner`), of those timed in as many runs as the default (one
+    that stopped racing cannot win); a winner other than the default must also beat the
     default beyond noise (:func:`beats_default`, with the default's ``twin``
     when it was timed), or the default stays.  A default without a result
     decides nothing (no winner): one that raised (``DEFAULT_FAILED``) is the
@@ -208,7 +199,14 @@ def decide(
     """
     if has_default and results[0].status is not CandidateStatus.OK:
         return _without_default_result(results[0])
-    times = [result.time_ms for result in results]
+    # A candidate that stopped racing (fewer runs than the default's) could
+    # no longer win: its median over its first rounds must not make it the
+    # fastest, which would keep the default against a candidate that beat it.
+    rounds = len(results[0].runs_ms) if has_default else 0
+    times = [
+        result.time_ms if len(result.runs_ms) >= rounds else math.inf
+        for result in results
+    ]
     index = pick_winner(times, tie_tolerance)
     if index is None:
         return Verdict(
@@ -240,6 +238,74 @@ def decide(
         f"the default stays: {results[index].name} was {summary}: within the "
         f"session's noise at {confidence:.0%} confidence",
         floor,
+    )
+
+
+# A candidate whose chance to pass the sign test by the last round is below
+# this stops being timed.  Checked first after 10 rounds, where the rate won
+# so far is rough: a candidate that wins 70% of its rounds, and would pass
+# after 50, is out early in about 4% of sessions at 1% (12% at 5%), while a
+# tie is out after 25 rounds on average (20 at 5%).
+_OUT_OF_THE_RACE = 0.01
+
+
+def racing(
+    results: Sequence[CandidateResult],
+    twin: CandidateResult | None,
+    nruns: int,
+    confidence: float,
+) -> list[int]:
+    """The candidates a session goes on timing after a checkpoint of an op's timed runs.
+
+    ``results`` are the op's candidates, the default first, as agreed after
+    the rounds timed so far of ``nruns`` (``twin`` is its default's twin).
+    Returns the indices of the candidates other than the default that still
+    race; the default and its twin run while any does, and an empty list
+    means that the op is decided.  A candidate stops when it was out on a
+    rank, or when it can no longer win: the chance that :func:`beats_default`'s
+    sign test passes after ``nruns`` rounds, with the remaining rounds won at
+    the rate the candidate won so far, is below 1%.  The last
+    candidate left decides the op when its sign test passes whatever the
+    remaining rounds show and it is faster beyond the noise floor so far.
+    The rules of :func:`decide` are then applied to the rounds timed.  A pure
+    function of agreed data: every member stops at the same round.
+    """
+    default = results[0]
+    outlooks = {
+        index: _sign_test_outlook(
+            relative_advantages(result, default), nruns, confidence
+        )
+        for index, result in enumerate(results[1:], start=1)
+        if result.status is CandidateStatus.OK
+    }
+    left = [i for i, (_, chance) in outlooks.items() if chance >= _OUT_OF_THE_RACE]
+    if (
+        len(left) == 1
+        and outlooks[left[0]][0]
+        and compare_with_default(results[left[0]], default).advantage
+        > noise_floor(default, twin)
+    ):
+        return []
+    return left
+
+
+def _sign_test_outlook(
+    advantages: Sequence[float], nruns: int, confidence: float
+) -> tuple[bool, float]:
+    # Whether the sign test over all ``nruns`` rounds passes at ``confidence``
+    # whatever the remaining rounds show (a tie drops out of the test, and a
+    # loss is counted here already), and the chance that it passes when
+    # each remaining round is won at the rate so far.
+    wins, losses = sum(a > 0 for a in advantages), sum(a < 0 for a in advantages)
+    remaining = nruns - len(advantages)
+    n = wins + losses + remaining
+    needed = next(w for w in range(n + 2) if _coin_flips_tail(n, w) <= 1.0 - confidence)
+    if wins >= needed:
+        return True, 1.0
+    rate = wins / (wins + losses) if wins + losses else 0.5
+    return False, sum(
+        math.comb(remaining, j) * rate**j * (1.0 - rate) ** (remaining - j)
+        for j in range(needed - wins, remaining + 1)
     )
 
 
@@ -362,8 +428,46 @@ def first_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-def outputs_match(output: torch.Tensor | None, reference: torch.Tensor | None) -> bool:
-    """Whether a candidate's output equals the default's within :data:`SCREENING_TOLERANCES`."""
+def screening_tolerance(
+    reference: torch.Tensor, magnitude: torch.Tensor | None, terms: int
+) -> torch.Tensor:
+    """How far, per element, an output may be from the default's ``reference``
+    and still be the same reduction of ``terms`` values in another order.
+
+    Each element of either output is ``terms`` values summed in some order,
+    every addition rounded to ``reference.dtype`` (or summed wider and
+    rounded once): it is within ``gamma(terms) * M`` of the exact sum, where
+    ``gamma(n) = n*u / (1 - n*u)``, ``u`` is the dtype's unit roundoff and
+    ``M`` the sum of the values' magnitudes (Higham, *Accuracy and Stability
+    of Numerical Algorithms*, 2nd ed., (4.4); the ``n``-th rounding covers a
+    final scaling or cast).  Two such outputs are within twice that.  ``M``
+    is ``magnitude``, the default run on the absolute values of its inputs
+    (itself rounded, hence the ``1 - gamma``), or where larger, or missing,
+    ``|reference|``.  On top, ``torch.testing``'s tolerances for the dtype:
+    what kernels that evaluate the same elementwise code differently may
+    differ by.  See ``docs/design.md``, "Screening".
+    """
+    rtol, atol = default_tolerances(reference.dtype)
+    unit_roundoff = torch.finfo(reference.dtype).eps / 2
+    rounding = terms * unit_roundoff
+    gamma = rounding / (1 - rounding) if rounding < 1 else math.inf
+    factor = 2 * gamma / (1 - gamma) if gamma < 1 else math.inf
+    size = reference.abs().double()
+    scale = size if magnitude is None else torch.maximum(size, magnitude.abs().double())
+    return atol + rtol * size + factor * scale
+
+
+def outputs_match(
+    output: torch.Tensor | None,
+    reference: torch.Tensor | None,
+    magnitude: torch.Tensor | None = None,
+    terms: int = 1,
+) -> bool:
+    """Whether a candidate's output is the default's ``reference``, up to
+    :func:`screening_tolerance` for floating types and exactly otherwise.
+
+    Non-finite elements must be equal (NaN to NaN).
+    """
     if reference is None:
         return (
             True  # the default did not produce a reference: nothing to screen against
@@ -374,5 +478,11 @@ def outputs_match(output: torch.Tensor | None, reference: torch.Tensor | None) -
         or output.dtype != reference.dtype
     ):
         return False
-    rtol, atol = SCREENING_TOLERANCES.get(reference.dtype, (0.0, 0.0))
-    return torch.allclose(output, reference, rtol=rtol, atol=atol, equal_nan=True)
+    if not reference.is_floating_point():
+        return torch.equal(output, reference)
+    difference = (output.double() - reference.double()).abs()
+    within = (difference <= screening_tolerance(reference, magnitude, terms)) & (
+        output.isfinite() & reference.isfinite()
+    )
+    same = (output == reference) | (output.isnan() & reference.isnan())
+    return bool((within | same).all())

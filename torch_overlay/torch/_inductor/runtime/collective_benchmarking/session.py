@@ -1,4 +1,4 @@
-"""The benchmarking part of a session: warmups, interleaved timed runs, exchange, commit.
+"""The benchmarking part of a session: warmups, interleaved timed runs, checkpoints, exchange, commit.
 
 :class:`SessionRun` runs the same schedule of steps on every member of a
 group; a failing member drops the benchmark channel and every member agrees
@@ -9,7 +9,6 @@ failures and measurement: ``docs/modules.md``, "session.py".
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import math
 import time
@@ -24,12 +23,11 @@ from .failures import (
     classify,
     FailureAgreements,
     FailureReport,
-    Resume,
     Step,
     StepFailed,
 )
 from .gloo_hazards import disqualified_before_running
-from .rules import first_tensor, interleaved_order, outputs_match
+from .rules import first_tensor, interleaved_order, outputs_match, racing
 from .timing import CallFailed, time_calls, timed, wait_device
 from .types import CollectiveBenchmarkError
 
@@ -99,7 +97,9 @@ class SessionRun:
             "group": channel.group.group_name,
             "candidates": sum(len(candidates) for _, candidates in plans),
         }
-        self._issued = IssuedCounts(channel)
+        # Collectives this member had issued on the channel at the start of
+        # each step of the schedule, in order: failure reports carry them.
+        self._issued: list[int] = []
 
     def run(self) -> list[list[CandidateResult]]:
         """Every candidate's agreed result, per op; the same on every member.
@@ -126,36 +126,33 @@ class SessionRun:
         return results
 
     def _run(self) -> list[list[CandidateResult]]:
-        # The schedule is rebuilt after every failure agreement, from where the
-        # session resumes, alike on every member; step len(schedule) is the
-        # exchange, the next the commit (a member whose commit completed keeps
-        # no record of it: docs/modules.md, "session.py").
+        # After a failure agreement the schedule is built again from the op it
+        # names, alike on every member; step len(schedule) is the exchange,
+        # the next the commit (a member whose commit completed keeps no record
+        # of it: docs/modules.md, "session.py").
         agreements = FailureAgreements(
             self.plans, self.excluded, self.config.retries, self.channel, self.metadata
         )
         local = LocalOutcomes()
         gathered: list[list[float]] | None = None
-        resume: Resume | None = Resume(op=0, warmup_from=0)
-        while resume is not None:
-            schedule = self._schedule(agreements.competing, resume)
-            exchange, commit = len(schedule), len(schedule) + 1
+        op: int | None = 0
+        while op is not None:
+            schedule = self._schedule(agreements.competing, op)
             step = 0
             self._issued.clear()
             try:
-                while step < exchange:
+                while step < len(schedule):
                     step = self._run_op(schedule, step, local)
-                if gathered is None:
-                    step = exchange
-                    self._issued.mark(exchange)
-                    gathered = self._exchange(local)
-                step = commit
-                self._issued.mark(commit)
-                self._commit()
+                self._mark()
+                gathered = self._exchange(local)
+                step += 1
+                self._mark()
+                self._sync("commit", [0.0])
                 break
             except StepFailed as error:
                 failed_at = step if error.step is None else error.step
                 failure = FailureReport(
-                    failed_at, error.status, error.stage, self._issued.before(failed_at)
+                    failed_at, error.status, error.stage, tuple(self._issued)
                 )
                 # No traceback: a failed candidate step is expected here.
                 log.info(
@@ -168,10 +165,7 @@ class SessionRun:
             # last reference to the channel the one dropped here: its peers'
             # pending collectives on it fail at once.
             self.channel.drop()
-            resume = agreements.agree(schedule, failure)
-            if resume is not None:
-                local.forget_from(resume)
-                gathered = None
+            op = agreements.agree(schedule, failure)
         # The loop ends after this rank's exchange (a failure at the commit
         # comes after every member exchanged).
         assert gathered is not None
@@ -183,21 +177,33 @@ class SessionRun:
             agreements.attempts,
         )
 
-    def _schedule(self, competing: list[list[bool]], resume: Resume) -> list[Step]:
-        return schedule_steps(
-            self.plans, self._has_twin, competing, resume, self.config.nruns
-        )
+    def _schedule(self, competing: list[list[bool]], first_op: int) -> list[Step]:
+        """The steps of the session from op ``first_op`` on, the same on every member.
+
+        Per op: its competing candidates' warmups (not the twin's), then
+        ``nruns`` timed iterations, each in its own shuffled order, with a
+        checkpoint after every ``race_every`` of them when the op has a
+        default to race against."""
+        steps: list[Step] = []
+        every = self.config.race_every
+        for op in range(first_op, len(self.plans)):
+            active = [index for index, on in enumerate(competing[op]) if on]
+            twin = len(self.plans[op][1]) - 1 if self._has_twin[op] else None
+            races = every > 0 and self.plans[op][1][0].is_default and 0 in active
+            steps += [Step(op, i, timed=False) for i in active if i != twin]
+            for run in range(self.config.nruns):
+                if races and run > 0 and run % every == 0:
+                    steps.append(Step(op, -1, timed=False, checkpoint=True))
+                order = interleaved_order(len(active), f"{self.plans[op][0]}|{run}")
+                steps += [Step(op, active[i], timed=True) for i in order]
+        return steps
 
     def _run_op(self, schedule: list[Step], start: int, local: LocalOutcomes) -> int:
         # Runs the steps of one op from schedule[start]; returns where the next
-        # op starts.
+        # op starts.  A checkpoint may drop the op's later steps (_checkpoint).
         op = schedule[start].op
-        end = next(
-            (i for i in range(start, len(schedule)) if schedule[i].op != op),
-            len(schedule),
-        )
         candidates = self.plans[op][1]
-        timed_steps = [i for i in range(start, end) if schedule[i].timed]
+        local.samples.update({(op, i): [] for i in range(len(candidates))})
         with contextlib.ExitStack() as stack:
             try:
                 stack.enter_context(self.channel.registered())
@@ -205,32 +211,94 @@ class SessionRun:
                 raise StepFailed(
                     classify(error), "channel setup", error, step=start
                 ) from error
-            for i in range(start, timed_steps[0] if timed_steps else end):
-                self._issued.mark(i)
-                self._warm_up(i, schedule[i], candidates[schedule[i].candidate], local)
-            if timed_steps:
-                calls = [candidates[schedule[i].candidate].fn for i in timed_steps]
-                try:
-                    with timed("timed", **self.metadata):
-                        times = time_calls(
-                            calls,
-                            self.device,
-                            self.config.timeout.total_seconds(),
-                            before_each=lambda call: self._issued.mark(
-                                timed_steps[call]
-                            ),
-                        )
-                except CallFailed as failure:
-                    raise StepFailed(
-                        classify(failure.error),
-                        "timed runs",
-                        failure.error,
-                        step=timed_steps[failure.index],
-                    ) from failure.error
-                local.record_runs(
-                    op, [schedule[i].candidate for i in timed_steps], times
+            step = start
+            while step < len(schedule) and schedule[step].op == op:
+                if schedule[step].checkpoint:
+                    self._mark()
+                    self._checkpoint(schedule, step, local)
+                    step += 1
+                elif not schedule[step].timed:
+                    self._mark()
+                    candidate = candidates[schedule[step].candidate]
+                    self._warm_up(step, schedule[step], candidate, local)
+                    step += 1
+                else:
+                    step = self._time(schedule, step, local)
+        return step
+
+    def _time(self, schedule: list[Step], start: int, local: LocalOutcomes) -> int:
+        # The timed runs from schedule[start] to the op's next checkpoint or
+        # end, in one batch; returns where they end.
+        op, candidates = schedule[start].op, self.plans[schedule[start].op][1]
+        end = next(
+            (
+                i
+                for i in range(start, len(schedule))
+                if schedule[i].op != op or not schedule[i].timed
+            ),
+            len(schedule),
+        )
+        try:
+            with timed("timed", **self.metadata):
+                times = time_calls(
+                    [candidates[step.candidate].fn for step in schedule[start:end]],
+                    self.device,
+                    self.config.timeout.total_seconds(),
+                    before_each=lambda _: self._mark(),
                 )
+        except CallFailed as failure:
+            raise StepFailed(
+                classify(failure.error),
+                "timed runs",
+                failure.error,
+                step=start + failure.index,
+            ) from failure.error
+        for step, ms in zip(schedule[start:end], times, strict=True):
+            local.samples[(op, step.candidate)].append(ms)
         return end
+
+    def _checkpoint(self, schedule: list[Step], at: int, local: LocalOutcomes) -> None:
+        # Every member's statuses and runs of the op so far, gathered: the
+        # candidates that can no longer win (rules.racing) stop being timed,
+        # and the op ends once it is decided.  The later steps change alike
+        # on every member; those already run keep their positions.
+        op = schedule[at].op
+        candidates = self.plans[op][1]
+        flat = [
+            value
+            for index in range(len(candidates))
+            for value in local.flatten(op, index, self.config.nruns)
+        ]
+        gathered = self._sync("checkpoint", flat, step=at)
+        counters["collective_autotuning"]["checkpoints"] += 1
+        (results,) = agreed_results(
+            [self.plans[op]], self.config.nruns, gathered, {}, {}
+        )
+        twin = results.pop() if self._has_twin[op] else None
+        end = next(
+            (i for i in range(at + 1, len(schedule)) if schedule[i].op != op),
+            len(schedule),
+        )
+        later = schedule[at + 1 : end]
+        # The default, then the other candidates still timed.
+        still_timed = sorted(
+            {step.candidate for step in later if step.timed} - {0, len(results)}
+        )
+        left = racing(
+            [results[0], *(results[i] for i in still_timed)],
+            twin,
+            self.config.nruns,
+            self.config.confidence,
+        )
+        keep = {0, len(results), *(still_timed[i - 1] for i in left)} if left else set()
+        schedule[at + 1 : end] = [
+            step
+            for step in later
+            if step.candidate in keep or (step.checkpoint and keep)
+        ]
+        counters["collective_autotuning"]["raced_out_runs"] += sum(
+            step.timed and step.candidate not in keep for step in later
+        )
 
     def _warm_up(
         self, index: int, step: Step, candidate: Candidate, local: LocalOutcomes
@@ -248,16 +316,29 @@ class SessionRun:
                     # timed on this member, so that its collectives stay matched.
                     output = first_tensor(value)
                     wait_device(self.device, self._deadline())
+                    reference, magnitude = local.references.get(step.op, (None, None))
                     if candidate.is_default and output is not None:
-                        local.references[step.op] = output.clone()
+                        local.references[step.op] = (
+                            output.clone(),
+                            self._magnitude(candidate),
+                        )
                     elif self.config.screen and not outputs_match(
-                        output, local.references.get(step.op)
+                        output, reference, magnitude, self.channel.group.size()
                     ):
                         status = CandidateStatus.WRONG_RESULT
                 wait_device(self.device, self._deadline())
         except Exception as error:
             raise StepFailed(classify(error), "warmup", error, step=index) from error
         local.statuses[(step.op, step.candidate)] = status
+
+    def _magnitude(self, default: Candidate) -> torch.Tensor | None:
+        # Every member runs it, after the default's first run: it issues the
+        # default's collectives.
+        if not self.config.screen or default.magnitude is None:
+            return None
+        magnitude = first_tensor(default.magnitude())
+        wait_device(self.device, self._deadline())
+        return None if magnitude is None else magnitude.clone()
 
     def _exchange(self, local: LocalOutcomes) -> list[list[float]]:
         # Every candidate's status and timed runs on every member, in one collective.
@@ -267,113 +348,45 @@ class SessionRun:
             for index in range(len(candidates))
             for value in local.flatten(op, index, self.config.nruns)
         ]
-        try:
-            with timed("exchange", "sync", **self.metadata):
-                gathered = self.channel.all_gather(flat)
-        except Exception as error:
-            raise StepFailed(classify(error), "exchange", error) from error
+        gathered = self._sync("exchange", flat)
         counters["collective_autotuning"]["exchanges"] += 1
         return gathered
 
-    def _commit(self) -> None:
+    def _sync(
+        self, phase: str, values: list[float], step: int | None = None
+    ) -> list[list[float]]:
+        # A checkpoint, the exchange, or the commit (any collective that every
+        # member completes would do): one all-gather on the channel.
         try:
-            with timed("commit", "sync", **self.metadata):
-                self.channel.all_reduce_max(0.0)
+            with timed(phase, "sync", **self.metadata):
+                return self.channel.all_gather(values)
         except Exception as error:
-            raise StepFailed(classify(error), "commit", error) from error
+            raise StepFailed(classify(error), phase, error, step=step) from error
+
+    def _mark(self) -> None:
+        # At the start of each step, in schedule order.
+        self._issued.append(self.channel.collectives_issued())
 
     def _deadline(self) -> float:
         return time.monotonic() + self.config.timeout.total_seconds()
 
 
-def schedule_steps(
-    plans: Sequence[tuple[str, Sequence[Candidate]]],
-    has_twin: Sequence[bool],
-    competing: list[list[bool]],
-    resume: Resume,
-    nruns: int,
-) -> list[Step]:
-    """The steps of a session from ``resume`` on, the same on every member.
-
-    Per op: its competing candidates' warmups (not the twin's), then ``nruns``
-    timed iterations, each in its own shuffled order."""
-    steps: list[Step] = []
-    for op in range(resume.op, len(plans)):
-        active = [index for index, on in enumerate(competing[op]) if on]
-        warmup_from = resume.warmup_from if op == resume.op else 0
-        if warmup_from is not None:
-            twin = len(plans[op][1]) - 1 if has_twin[op] else None
-            steps += [
-                Step(op, index, timed=False)
-                for index in active
-                if index >= warmup_from and index != twin
-            ]
-        for run in range(nruns):
-            order = interleaved_order(len(active), f"{plans[op][0]}|{run}")
-            steps += [
-                Step(op, active[position], timed=True, run=run) for position in order
-            ]
-    return steps
-
-
-class IssuedCounts:
-    """How many collectives this member had issued on the channel at each step's start.
-
-    Failure reports carry them, to blame a step that issued more on some
-    members than on others (``first_desynchronized``).
-    """
-
-    def __init__(self, channel: BenchmarkChannel) -> None:
-        self.channel = channel
-        self._at: dict[int, int] = {}
-
-    def clear(self) -> None:
-        self._at.clear()
-
-    def mark(self, step: int) -> None:
-        issued = self.channel.collectives_issued()
-        if issued is not None:
-            self._at[step] = issued
-
-    def before(self, failed_at: int) -> tuple[int, ...]:
-        """Collectives issued in each step up to ``failed_at``; () when a start was not counted."""
-        try:
-            counted = [self._at[step] for step in range(failed_at + 1)]
-        except KeyError:
-            return ()
-        return tuple(after - before for before, after in itertools.pairwise(counted))
-
-
 class LocalOutcomes:
-    """This member's outcomes in a session, which its exchange sends."""
+    """This member's outcomes in a session, which its exchange sends.
+
+    An op that runs again sets them anew for each of its competing
+    candidates: its warmup sets the status, the op's timed runs every
+    sample (the samples are cleared when the op starts).  What a candidate
+    that no longer competes left is never read (its result is the failure
+    agreed for it).
+    """
 
     def __init__(self) -> None:
         self.statuses: dict[tuple[int, int], CandidateStatus] = {}
         self.samples: dict[tuple[int, int], list[float]] = {}
-        # per op: its default's first output
-        self.references: dict[int, torch.Tensor] = {}
-
-    def record_runs(
-        self, op: int, candidates: Sequence[int], times: Sequence[float]
-    ) -> None:
-        for index in set(candidates):
-            self.samples[(op, index)] = []
-        for index, ms in zip(candidates, times, strict=True):
-            self.samples[(op, index)].append(ms)
-
-    def forget_from(self, resume: Resume) -> None:
-        # What runs again after the resume point is measured again.
-        def runs_again(op: int, index: int) -> bool:
-            if op != resume.op:
-                return op > resume.op
-            return resume.warmup_from is not None and index >= resume.warmup_from
-
-        for key in [key for key in self.samples if key[0] >= resume.op]:
-            del self.samples[key]
-        for key in [key for key in self.statuses if runs_again(*key)]:
-            del self.statuses[key]
-        for op in [op for op in self.references if runs_again(op, 0)]:
-            del self.references[op]
+        # per op: its default's first output, and its magnitude (``Candidate.magnitude``)
+        # (set again whenever the default warms up; without it the op is not tuned)
+        self.references: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
 
     def flatten(self, op: int, index: int, nruns: int) -> list[float]:
         samples = self.samples.get((op, index), [])

@@ -80,6 +80,10 @@ class CollectiveBenchmarkConfig:
     nruns: int = 50
     """Timed runs per candidate, interleaved with the op's other candidates."""
 
+    race_every: int = 10
+    """Timed rounds between an op's checkpoints, where every member stops
+    timing the candidates that can no longer win (``rules.racing``); 0: none."""
+
     retries: int = 0
     """How many times a candidate whose round timed out is run again."""
 
@@ -118,6 +122,7 @@ class CollectiveBenchmarkConfig:
             ("timeout", self.timeout > timedelta(0), "positive"),
             ("nwarmup", self.nwarmup >= 0, ">= 0"),
             ("nruns", self.nruns >= 1, ">= 1"),
+            ("race_every", self.race_every >= 0, ">= 0"),
             ("retries", self.retries >= 0, ">= 0"),
             ("tie_tolerance", self.tie_tolerance >= 0, ">= 0"),
             ("max_wait", self.max_wait >= self.timeout, "at least the timeout"),
@@ -132,9 +137,12 @@ class Candidate:
     """One implementation to benchmark.
 
     ``fn`` runs the implementation once on fixed inputs and returns its output
-    (a tensor, or a sequence whose first tensor is the output).  ``prepare``
-    does the candidate's local one-time work (compilation): it runs on every
-    rank after the join, only when the group benchmarks the op, and before a
+    (a tensor, or a sequence whose first tensor is the output); ``magnitude``,
+    the default's only, runs it once on the absolute values of its
+    floating-point inputs: how large the partial sums of its reductions are,
+    which screening's tolerance grows with (``rules.screening_tolerance``).
+    ``prepare`` does the candidate's local one-time work (compilation): it
+    runs on every rank after the join, only when the group benchmarks the op, and before a
     rendezvous, so that its duration, which differs between ranks, is not
     charged to a bounded collective step; a candidate whose ``prepare``
     raises on any rank is disqualified on every rank.  ``signature``
@@ -152,6 +160,7 @@ class Candidate:
     fn: Callable[[], Any]
     is_default: bool = False
     prepare: Callable[[], Any] | None = None
+    magnitude: Callable[[], Any] | None = None
     signature: str = ""
     in_flight: int = 0
     collectives: frozenset[str] = frozenset()

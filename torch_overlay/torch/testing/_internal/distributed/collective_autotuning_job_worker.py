@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> None:
     try:
         with inductor_config.patch(
             collective_benchmark_nruns=NRUNS,
-            inductor_default_autotune_warmup=NWARMUP,
+            collective_benchmark_nwarmup=NWARMUP,
             collective_benchmark_timeout=WORKER_TIMEOUT_S,
         ):
             compiled = torch.compile(lambda x: all_reduce_op(x) + 1)
